@@ -1,0 +1,1 @@
+"""The command-line layer: the only code that imports typer or rich."""

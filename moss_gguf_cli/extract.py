@@ -1,0 +1,389 @@
+"""`extract`: split a MOSS checkpoint into a Qwen3 backbone, embedding tables and heads.
+
+Streaming and bounded memory: backbone shards are written header first and then
+tensor bytes copied file-to-file in the kernel; `.npy` tables are cast in small
+chunks read with plain reads (not memory maps, which would count every touched
+page of a multi-GB table against the process). The two streams run side by side:
+one is I/O-bound, the other CPU-bound.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from . import __version__
+from .checkpoint import MossCheckpoint, TensorRef, open_checkpoint
+from .errors import InputError, NumericError, UsageError
+from .progress import ProgressReporter, ensure
+from .safetensors_io import PlannedTensor, write_streaming
+from .staging import Staging, check_free_space
+
+log = logging.getLogger(__name__)
+
+BACKBONE_DIR = "qwen3_backbone"
+EMBEDDING_DIR = "embeddings"
+LM_HEAD_DIR = "lm_heads"
+META_NAME = "extraction_meta.json"
+DEFAULT_MAX_SHARD = 5 * 1000**3  # "5GB", as Hugging Face counts it
+NPY_DTYPES = ("float16", "float32")
+_CHUNK_ELEMS = 1 << 20  # small enough to stay in cache while cast and checked
+
+
+@dataclass(frozen=True)
+class NpyJob:
+    """One `.npy` table: where it goes and which source tensor fills it."""
+
+    relpath: str
+    source: TensorRef
+
+
+@dataclass
+class ExtractResult:
+    output: Path
+    backbone_dir: Path
+    embedding_dir: Path
+    lm_head_dir: Path
+    backbone_shards: list[Path]
+    npy_files: list[Path]
+    bytes_written: int
+    seconds: float
+    n_vq: int
+    npy_dtype: str
+    notes: list[str] = field(default_factory=list)
+
+
+def parse_size(text: str | int) -> int:
+    """'5GB', '500MB', '2GiB' or a byte count → bytes (Hugging Face's decimal units)."""
+    if isinstance(text, int):
+        return text
+    units = {
+        "KIB": 1024,
+        "MIB": 1024**2,
+        "GIB": 1024**3,
+        "TIB": 1024**4,
+        "KB": 1000,
+        "MB": 1000**2,
+        "GB": 1000**3,
+        "TB": 1000**4,
+        "B": 1,
+    }
+    s = text.strip().upper()
+    unit = next((u for u in units if s.endswith(u)), "")
+    number, factor = s[: len(s) - len(unit)].strip(), units.get(unit, 1)
+    try:
+        value = int(float(number) * factor)
+    except ValueError as exc:
+        raise UsageError(f"cannot read size {text!r}", hint="write it like 5GB or 500MB") from exc
+    if value <= 0:
+        raise UsageError(f"size {text!r} must be positive")
+    return value
+
+
+def npy_jobs(ck: MossCheckpoint) -> list[NpyJob]:
+    t = ck.tensors
+    jobs = [NpyJob(f"{EMBEDDING_DIR}/embed_tokens.npy", t["language_model.embed_tokens.weight"])]
+    jobs += [
+        NpyJob(f"{EMBEDDING_DIR}/emb_ext_{i:02d}.npy", t[f"emb_ext.{i}.weight"])
+        for i in range(ck.moss.n_vq)
+    ]
+    jobs.append(NpyJob(f"{LM_HEAD_DIR}/lm_head_text.npy", t["lm_heads.0.weight"]))
+    jobs += [
+        NpyJob(f"{LM_HEAD_DIR}/lm_head_audio_{i:02d}.npy", t[f"lm_heads.{i + 1}.weight"])
+        for i in range(ck.moss.n_vq)
+    ]
+    return jobs
+
+
+def plan_shards(
+    tensors: list[tuple[str, TensorRef]], max_shard_size: int
+) -> list[list[tuple[str, TensorRef]]]:
+    """Group tensors, in order, into shards of at most max_shard_size.
+
+    A tensor bigger than the limit gets a shard of its own.
+    """
+    shards: list[list[tuple[str, TensorRef]]] = [[]]
+    size = 0
+    for name, ref in tensors:
+        if shards[-1] and size + ref.nbytes > max_shard_size:
+            shards.append([])
+            size = 0
+        shards[-1].append((name, ref))
+        size += ref.nbytes
+    return shards
+
+
+def backbone_config(ck: MossCheckpoint) -> dict:
+    config = dict(ck.language_config)
+    config.pop("_name_or_path", None)
+    config["architectures"] = ["Qwen3ForCausalLM"]
+    config["model_type"] = "qwen3"
+    config.setdefault("torch_dtype", "bfloat16")
+    # lm_heads.0 is its own tensor: the backbone must keep lm_head, so never declare it tied
+    config["tie_word_embeddings"] = False
+    return config
+
+
+def npy_header(shape: tuple[int, ...], dtype: str) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buf,
+        {
+            "descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+            "fortran_order": False,
+            "shape": tuple(shape),
+        },
+    )
+    return buf.getvalue()
+
+
+def _cast_rows(raw: np.ndarray, src_dtype: str, out: np.ndarray) -> None:
+    """Cast a block of source values into `out` (float16 or float32), exactly."""
+    if src_dtype == "BF16":
+        np.copyto(out, raw.view(ml_dtypes.bfloat16), casting="unsafe")
+    else:
+        np.copyto(out, raw, casting="unsafe")
+
+
+def write_npy(job: NpyJob, dest: Path, dtype: str, on_bytes, stop: threading.Event) -> int:
+    """Stream one table to dest as .npy, refusing values the dtype cannot hold."""
+    ref = job.source
+    src_dtype = np.dtype(ref.info.storage_dtype)
+    n = int(np.prod(ref.shape))
+    header = npy_header(ref.shape, dtype)
+    raw = np.empty(min(n, _CHUNK_ELEMS), dtype=src_dtype)
+    out = np.empty(min(n, _CHUNK_ELEMS), dtype=dtype)
+    with open(ref.path, "rb", buffering=0) as src, open(dest, "wb") as f:
+        f.write(header)
+        src.seek(ref.offset)
+        done = 0
+        while done < n:
+            if stop.is_set():
+                raise KeyboardInterrupt
+            m = min(_CHUNK_ELEMS, n - done)
+            view = memoryview(raw[:m]).cast("B")
+            got = src.readinto(view)
+            if got != m * src_dtype.itemsize:
+                raise InputError(
+                    f"tensor {ref.name!r} ends early",
+                    path=ref.path,
+                    hint="the file is truncated or corrupt; download it again",
+                )
+            _cast_rows(raw[:m], ref.dtype, out[:m])
+            if not np.isfinite(out[:m]).all():
+                _raise_nonfinite(ref, raw[:m], dtype)
+            f.write(memoryview(out[:m]).cast("B"))
+            done += m
+            on_bytes(m * src_dtype.itemsize)
+    return len(header) + n * np.dtype(dtype).itemsize
+
+
+def _raise_nonfinite(ref: TensorRef, raw: np.ndarray, dtype: str) -> None:
+    from .safetensors_io import to_f32
+
+    if not np.isfinite(to_f32(raw, ref.dtype)).all():
+        raise NumericError(
+            f"tensor {ref.name!r} holds NaN or Inf in the source",
+            path=ref.path,
+            hint="the checkpoint is damaged; download it again",
+        )
+    raise NumericError(
+        f"tensor {ref.name!r} has values beyond the {dtype} range",
+        path=ref.path,
+        hint="use --npy-dtype float32",
+    )
+
+
+def _planned(shard: list[tuple[str, TensorRef]]) -> list[PlannedTensor]:
+    return [
+        PlannedTensor(
+            name, ref.dtype, ref.shape, ref.nbytes, source=ref.path, source_offset=ref.offset
+        )
+        for name, ref in shard
+    ]
+
+
+def estimate_bytes(ck: MossCheckpoint, npy_dtype: str) -> int:
+    backbone = sum(ref.nbytes for _, ref in ck.backbone_tensors())
+    item = np.dtype(npy_dtype).itemsize
+    tables = sum(int(np.prod(j.source.shape)) * item + 128 for j in npy_jobs(ck))
+    tokenizer = sum(p.stat().st_size for p in ck.tokenizer_files)
+    return backbone + tables + tokenizer + (1 << 20)
+
+
+def extract(
+    model_dir: Path,
+    output: Path,
+    *,
+    max_shard_size: int | str = DEFAULT_MAX_SHARD,
+    npy_dtype: str = "float16",
+    force: bool = False,
+    source_model: str | None = None,
+    progress: ProgressReporter | None = None,
+) -> ExtractResult:
+    """Write DESIGN.md §3's layout for the checkpoint at model_dir into output."""
+    started = time.perf_counter()
+    bar = ensure(progress)
+    if npy_dtype not in NPY_DTYPES:
+        raise UsageError(f"unknown --npy-dtype {npy_dtype!r}", hint="use float16 or float32")
+    max_shard = parse_size(max_shard_size)
+    ck = open_checkpoint(Path(model_dir))
+    output = Path(output)
+    jobs = npy_jobs(ck)
+    shards = plan_shards(ck.backbone_tensors(), max_shard)
+
+    with Staging(output, force=force) as stage:
+        check_free_space(stage.path, estimate_bytes(ck, npy_dtype), output)
+        backbone = stage.path / BACKBONE_DIR
+        for sub in (BACKBONE_DIR, EMBEDDING_DIR, LM_HEAD_DIR):
+            (stage.path / sub).mkdir()
+
+        # progress: one bar per source shard (bytes read from it) and one overall
+        per_shard: dict[Path, int] = {}
+        for _, ref in ck.backbone_tensors():
+            per_shard[ref.path] = per_shard.get(ref.path, 0) + ref.nbytes
+        for job in jobs:
+            per_shard[job.source.path] = per_shard.get(job.source.path, 0) + job.source.nbytes
+        total = sum(per_shard.values())
+        for path, nbytes in per_shard.items():
+            bar.start(f"shard:{path}", path.name, nbytes, "B")
+        bar.start("total", "extract", total, "B")
+        lock = threading.Lock()
+
+        def reporter(path: Path):
+            def on_bytes(n: int) -> None:
+                with lock:
+                    bar.advance(f"shard:{path}", n)
+                    bar.advance("total", n)
+
+            return on_bytes
+
+        stop = threading.Event()
+        names = _shard_names(len(shards))
+
+        def write_backbone() -> int:
+            written = 0
+            for fname, shard in zip(names, shards, strict=True):
+                if stop.is_set():
+                    raise KeyboardInterrupt
+                planned = _planned(shard)
+                written += write_streaming(
+                    backbone / fname,
+                    planned,
+                    {"format": "pt"},
+                    on_bytes=_shard_reporter(shard, reporter),
+                )
+            return written
+
+        def write_tables() -> int:
+            return sum(
+                write_npy(job, stage.path / job.relpath, npy_dtype, reporter(job.source.path), stop)
+                for job in jobs
+            )
+
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="extract") as pool:
+            futures = [pool.submit(write_backbone), pool.submit(write_tables)]
+            try:
+                written = sum(f.result() for f in futures)
+            except BaseException:
+                stop.set()
+                raise
+
+        written += _write_small_files(ck, stage.path, shards, names, npy_dtype, source_model)
+        for key in list(per_shard):
+            bar.finish(f"shard:{key}")
+        bar.finish("total")
+        stage.commit()
+
+    return ExtractResult(
+        output=output,
+        backbone_dir=output / BACKBONE_DIR,
+        embedding_dir=output / EMBEDDING_DIR,
+        lm_head_dir=output / LM_HEAD_DIR,
+        backbone_shards=[output / BACKBONE_DIR / n for n in names],
+        npy_files=[output / j.relpath for j in jobs],
+        bytes_written=written,
+        seconds=time.perf_counter() - started,
+        n_vq=ck.moss.n_vq,
+        npy_dtype=npy_dtype,
+    )
+
+
+def _shard_reporter(shard, reporter):
+    """Route copied bytes to the bar of the source shard they come from, in copy order."""
+    queue = [(ref.path, ref.nbytes) for _, ref in shard]
+    state = {"i": 0, "left": queue[0][1] if queue else 0}
+
+    def on_bytes(n: int) -> None:
+        while n > 0 and state["i"] < len(queue):
+            path = queue[state["i"]][0]
+            take = min(n, state["left"])
+            reporter(path)(take)
+            n -= take
+            state["left"] -= take
+            if state["left"] == 0:
+                state["i"] += 1
+                if state["i"] < len(queue):
+                    state["left"] = queue[state["i"]][1]
+
+    return on_bytes
+
+
+def _shard_names(count: int) -> list[str]:
+    if count == 1:
+        return ["model.safetensors"]
+    return [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
+
+
+def _write_json(path: Path, data) -> int:
+    text = json.dumps(data, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
+    path.write_text(text, encoding="utf-8")
+    return len(text.encode())
+
+
+def _write_small_files(
+    ck: MossCheckpoint,
+    root: Path,
+    shards,
+    names: list[str],
+    npy_dtype: str,
+    source_model: str | None,
+) -> int:
+    backbone = root / BACKBONE_DIR
+    written = _write_json(backbone / "config.json", backbone_config(ck))
+    if len(shards) > 1:
+        weight_map = {
+            name: fname for fname, shard in zip(names, shards, strict=True) for name, _ in shard
+        }
+        total = sum(ref.nbytes for shard in shards for _, ref in shard)
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        written += _write_json(backbone / "model.safetensors.index.json", index)
+    for path in ck.tokenizer_files:
+        shutil.copyfile(path, backbone / path.name)
+        written += path.stat().st_size
+    meta = {
+        "source_model": source_model or str(ck.root),
+        "n_vq": ck.moss.n_vq,
+        "hidden_size": ck.moss.hidden_size,
+        "vocab_size": ck.moss.vocab_size,
+        "audio_vocab_size": ck.moss.audio_vocab_size,
+        "backbone_dir": BACKBONE_DIR,
+        "embedding_dir": EMBEDDING_DIR,
+        "lm_head_dir": LM_HEAD_DIR,
+        "npy_dtype": npy_dtype,
+        "tool": f"moss-gguf {__version__}",
+        "moss_config": ck.config,
+    }
+    written += _write_json(root / META_NAME, meta)
+    return written

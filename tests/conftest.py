@@ -1,0 +1,32 @@
+"""Shared fixtures: the builtin tiny checkpoint and its extraction, built once per session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Builtin checkpoints go to a per-session cache, also for CLI subprocesses."""
+    cache = tmp_path_factory.mktemp("moss-gguf-cache")
+    os.environ["MOSS_GGUF_CACHE"] = str(cache)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def tiny_model(_isolated_cache: Path) -> Path:
+    from moss_gguf_cli.tiny import ensure_tiny
+
+    return ensure_tiny("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_extracted(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from moss_gguf_cli.extract import extract
+
+    out = tmp_path_factory.mktemp("extracted") / "tiny"
+    extract(tiny_model, out, source_model="builtin:tiny")
+    return out
