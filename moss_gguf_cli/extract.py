@@ -25,7 +25,7 @@ from . import __version__
 from .checkpoint import MossCheckpoint, TensorRef, open_checkpoint
 from .errors import InputError, NumericError, UsageError
 from .progress import ProgressReporter, ensure
-from .safetensors_io import PlannedTensor, write_streaming
+from .safetensors_io import PlannedTensor, preallocate, write_streaming
 from .staging import Staging, check_free_space
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ LM_HEAD_DIR = "lm_heads"
 META_NAME = "extraction_meta.json"
 DEFAULT_MAX_SHARD = 5 * 1000**3  # "5GB", as Hugging Face counts it
 NPY_DTYPES = ("float16", "float32")
-_CHUNK_ELEMS = 1 << 20  # small enough to stay in cache while cast and checked
+_CHUNK_ELEMS = 1 << 22  # 8 MB of bf16: big writes, small enough to stay in cache
 
 
 @dataclass(frozen=True)
@@ -156,24 +156,41 @@ def _cast_rows(raw: np.ndarray, src_dtype: str, out: np.ndarray) -> None:
         np.copyto(out, raw, casting="unsafe")
 
 
+# |bf16| bit patterns: from 0x4780 (65536) up a value overflows float16, from 0x7F80 it is Inf/NaN
+_BF16_F16_LIMIT = 0x4780
+_BF16_NONFINITE = 0x7F80
+
+
+def _fits(raw: np.ndarray, src_dtype: str, out: np.ndarray, scratch: np.ndarray) -> bool:
+    """Whether every value arrived finite in `out`; for bf16 one integer max does it."""
+    if src_dtype == "BF16":
+        np.bitwise_and(raw, 0x7FFF, out=scratch)
+        limit = _BF16_F16_LIMIT if out.dtype == np.float16 else _BF16_NONFINITE
+        return int(scratch.max()) < limit
+    return bool(np.isfinite(out).all())
+
+
 def write_npy(job: NpyJob, dest: Path, dtype: str, on_bytes, stop: threading.Event) -> int:
     """Stream one table to dest as .npy, refusing values the dtype cannot hold."""
     ref = job.source
     src_dtype = np.dtype(ref.info.storage_dtype)
     n = int(np.prod(ref.shape))
     header = npy_header(ref.shape, dtype)
-    raw = np.empty(min(n, _CHUNK_ELEMS), dtype=src_dtype)
-    out = np.empty(min(n, _CHUNK_ELEMS), dtype=dtype)
-    with open(ref.path, "rb", buffering=0) as src, open(dest, "wb") as f:
+    size = len(header) + n * np.dtype(dtype).itemsize
+    chunk = min(n, _CHUNK_ELEMS)
+    raw = np.empty(chunk, dtype=src_dtype)
+    out = np.empty(chunk, dtype=dtype)
+    scratch = np.empty(chunk, dtype=np.uint16)
+    with open(ref.path, "rb", buffering=0) as src, open(dest, "wb", buffering=0) as f:
+        preallocate(f, size)
         f.write(header)
         src.seek(ref.offset)
         done = 0
         while done < n:
             if stop.is_set():
                 raise KeyboardInterrupt
-            m = min(_CHUNK_ELEMS, n - done)
-            view = memoryview(raw[:m]).cast("B")
-            got = src.readinto(view)
+            m = min(chunk, n - done)
+            got = src.readinto(memoryview(raw[:m]).cast("B"))
             if got != m * src_dtype.itemsize:
                 raise InputError(
                     f"tensor {ref.name!r} ends early",
@@ -181,12 +198,14 @@ def write_npy(job: NpyJob, dest: Path, dtype: str, on_bytes, stop: threading.Eve
                     hint="the file is truncated or corrupt; download it again",
                 )
             _cast_rows(raw[:m], ref.dtype, out[:m])
-            if not np.isfinite(out[:m]).all():
+            if not _fits(raw[:m], ref.dtype, out[:m], scratch[:m]):
                 _raise_nonfinite(ref, raw[:m], dtype)
-            f.write(memoryview(out[:m]).cast("B"))
+            view = memoryview(out[:m]).cast("B")
+            while view:  # a raw write may be partial
+                view = view[f.write(view) :]
             done += m
             on_bytes(m * src_dtype.itemsize)
-    return len(header) + n * np.dtype(dtype).itemsize
+    return size
 
 
 def _raise_nonfinite(ref: TensorRef, raw: np.ndarray, dtype: str) -> None:
@@ -214,8 +233,8 @@ def _planned(shard: list[tuple[str, TensorRef]]) -> list[PlannedTensor]:
     ]
 
 
-def estimate_bytes(ck: MossCheckpoint, npy_dtype: str) -> int:
-    backbone = sum(ref.nbytes for _, ref in ck.backbone_tensors())
+def estimate_bytes(ck: MossCheckpoint, npy_dtype: str, backbone_weights: bool = True) -> int:
+    backbone = sum(ref.nbytes for _, ref in ck.backbone_tensors()) if backbone_weights else 0
     item = np.dtype(npy_dtype).itemsize
     tables = sum(int(np.prod(j.source.shape)) * item + 128 for j in npy_jobs(ck))
     tokenizer = sum(p.stat().st_size for p in ck.tokenizer_files)
@@ -230,9 +249,14 @@ def extract(
     npy_dtype: str = "float16",
     force: bool = False,
     source_model: str | None = None,
+    backbone_weights: bool = True,
     progress: ProgressReporter | None = None,
 ) -> ExtractResult:
-    """Write DESIGN.md §3's layout for the checkpoint at model_dir into output."""
+    """Write DESIGN.md §3's layout for the checkpoint at model_dir into output.
+
+    With ``backbone_weights=False`` the backbone folder gets only its config and
+    tokenizer (for `all`, which converts the backbone straight from the source).
+    """
     started = time.perf_counter()
     bar = ensure(progress)
     if npy_dtype not in NPY_DTYPES:
@@ -241,17 +265,17 @@ def extract(
     ck = open_checkpoint(Path(model_dir))
     output = Path(output)
     jobs = npy_jobs(ck)
-    shards = plan_shards(ck.backbone_tensors(), max_shard)
+    shards = plan_shards(ck.backbone_tensors(), max_shard) if backbone_weights else []
 
     with Staging(output, force=force) as stage:
-        check_free_space(stage.path, estimate_bytes(ck, npy_dtype), output)
+        check_free_space(stage.path, estimate_bytes(ck, npy_dtype, backbone_weights), output)
         backbone = stage.path / BACKBONE_DIR
         for sub in (BACKBONE_DIR, EMBEDDING_DIR, LM_HEAD_DIR):
             (stage.path / sub).mkdir()
 
         # progress: one bar per source shard (bytes read from it) and one overall
         per_shard: dict[Path, int] = {}
-        for _, ref in ck.backbone_tensors():
+        for _, ref in (pair for shard in shards for pair in shard):
             per_shard[ref.path] = per_shard.get(ref.path, 0) + ref.nbytes
         for job in jobs:
             per_shard[job.source.path] = per_shard.get(job.source.path, 0) + job.source.nbytes

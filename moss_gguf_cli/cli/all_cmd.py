@@ -1,11 +1,112 @@
-"""`moss-gguf all` (not built yet)."""
+"""`moss-gguf all`: from a MOSS-TTS checkpoint to a verified, quantized weights folder."""
 
 from __future__ import annotations
 
-from ..errors import NotBuiltError
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from ..pipeline import AllSettings, run_all
+from ..staging import human_bytes
+from ._options import CacheDir, Force, LlamaCppDir, Model, Quiet, Revision, Verbose
+from ._output import OutputMode, info, progress_for, setup_logging, stdout
 from .app import command
 
+EXAMPLES = """
+[b]Examples[/b]
 
-@command("all", help="Not built yet.", add_help_option=True)
-def all_command() -> None:
-    raise NotBuiltError("'moss-gguf all' is not built yet in this version")
+  moss-gguf all --model builtin:tiny --output weights-demo
+
+  moss-gguf all --model OpenMOSS-Team/MOSS-TTS --output weights/MOSS-TTS-GGUF
+
+  moss-gguf all --model /path/to/MOSS-TTS --output w --quant Q4_K_M --quant Q8_0 \\
+      --audio-tokenizer /path/to/MOSS-Audio-Tokenizer-ONNX
+
+An interrupted run resumes where it stopped when run again; --force starts over.
+"""
+
+
+@command(
+    "all",
+    help="Extract, convert, quantize, lay out and verify in one resumable run.",
+    epilog=EXAMPLES,
+)
+def all_command(
+    model: Model,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Weights folder to create.")],
+    quant: Annotated[
+        list[str], typer.Option("--quant", help="llama.cpp quant type (repeatable).")
+    ] = ["Q4_K_M"],  # noqa: B006
+    outtype: Annotated[
+        str,
+        typer.Option(
+            help="Intermediate GGUF type: f16, bf16, or auto (f16 unless a tensor overflows it)."
+        ),
+    ] = "auto",
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="Quantize engine: auto, binary (llama-quantize) or library (libllama in-process)."
+        ),
+    ] = "auto",
+    llama_cpp: LlamaCppDir = None,
+    audio_tokenizer: Annotated[
+        Path | None,
+        typer.Option(
+            help="MOSS audio tokenizer ONNX folder to include (builtin models get a tiny one)."
+        ),
+    ] = None,
+    keep_intermediate: Annotated[
+        bool, typer.Option(help="Keep the extracted backbone safetensors and the f16/bf16 GGUF.")
+    ] = False,
+    threads: Annotated[int | None, typer.Option(help="Quantize threads.")] = None,
+    revision: Revision = None,
+    cache_dir: CacheDir = None,
+    force: Force = False,
+    quiet: Quiet = False,
+    verbose: Verbose = False,
+) -> None:
+    mode = OutputMode(quiet=quiet, verbose=verbose)
+    setup_logging(mode)
+    settings = AllSettings(
+        model=model,
+        output=output,
+        quants=quant,
+        outtype=outtype,
+        engine=engine,
+        llama_cpp=llama_cpp,
+        keep_intermediate=keep_intermediate,
+        force=force,
+        revision=revision,
+        cache_dir=cache_dir,
+        audio_tokenizer=audio_tokenizer,
+        threads=threads,
+    )
+    with progress_for(mode) as bar:
+        result = run_all(settings, progress=bar)
+    if not quiet:
+        steps = Table(title="moss-gguf all", title_justify="left")
+        for col in ("step", "status", "time", "detail"):
+            steps.add_column(col)
+        for s in result.steps:
+            steps.add_row(s.name, s.status, f"{s.seconds:.1f} s", s.detail)
+        stdout.print(steps)
+        files = Table(title=f"{result.output}", title_justify="left")
+        files.add_column("file")
+        files.add_column("size", justify="right")
+        for name in (*[g.name for g in result.ggufs], "embeddings/", "lm_heads/", "tokenizer/"):
+            size = sum(s for p, s in result.files if p == name or p.startswith(name))
+            files.add_row(name, human_bytes(size))
+        stdout.print(files)
+        for note in result.notes:
+            info(mode, f"note: {note}")
+        if result.intermediate:
+            info(mode, f"intermediate files kept in {result.intermediate}")
+        stdout.print(f"synth config: {result.config}")
+        stdout.print(
+            f'try: moss-gguf synth --config {result.config} --text "Hello" --output hello.wav'
+        )
+    else:
+        typer.echo(str(result.config))

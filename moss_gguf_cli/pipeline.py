@@ -1,0 +1,366 @@
+"""`all`: extract → convert → quantize → layout → verify, as one resumable run.
+
+Work happens in a hidden folder beside the output (``.NAME.work``). Each step
+writes atomically, so a step's output either exists complete or not at all; a
+rerun skips every step whose output exists and passes a quick check, and redoes
+the rest. The backbone is converted straight from the source shards, so no
+intermediate safetensors copy is written unless asked for.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoint import open_checkpoint, resolve_model
+from .errors import MossGgufError, NumericError, OutputError, UsageError
+from .extract import EMBEDDING_DIR, LM_HEAD_DIR, extract, npy_jobs
+from .layout import MANIFEST_NAME, LayoutMode, expected_tables, layout, read_meta
+from .progress import ProgressReporter, ensure
+from .staging import check_free_space, human_bytes, remove_stale_partials
+
+log = logging.getLogger(__name__)
+
+STEPS = ("extract", "convert", "quantize", "layout", "verify")
+# rough bits per weight of llama.cpp file types, for the disk plan (unknown types: 16)
+_APPROX_BPW = {
+    "Q2_K": 3.0,
+    "Q3_K_S": 3.5,
+    "Q3_K_M": 3.9,
+    "Q3_K_L": 4.3,
+    "Q4_0": 4.6,
+    "Q4_1": 5.0,
+    "Q4_K_S": 4.6,
+    "Q4_K_M": 4.9,
+    "Q5_0": 5.5,
+    "Q5_1": 6.0,
+    "Q5_K_S": 5.6,
+    "Q5_K_M": 5.7,
+    "Q6_K": 6.6,
+    "Q8_0": 8.5,
+    "F16": 16,
+    "BF16": 16,
+    "F32": 32,
+}
+# the tiny demo model never learnt to stop: keep its synth runs short
+_DEMO_SYNTH = {"max_new_tokens": 120}
+
+
+@dataclass
+class AllSettings:
+    model: str
+    output: Path
+    quants: list[str] = field(default_factory=lambda: ["Q4_K_M"])
+    outtype: str = "auto"  # f16, bf16, or auto: f16 unless a tensor overflows it
+    engine: str = "auto"  # quantize engine
+    llama_cpp: Path | None = None
+    keep_intermediate: bool = False
+    force: bool = False
+    revision: str | None = None
+    cache_dir: Path | None = None
+    audio_tokenizer: Path | None = None
+    threads: int | None = None
+
+
+@dataclass
+class StepResult:
+    name: str
+    status: str  # "done" or "skipped"
+    seconds: float = 0.0
+    detail: str = ""
+
+
+@dataclass
+class AllResult:
+    output: Path
+    config: Path
+    ggufs: list[Path]
+    steps: list[StepResult]
+    files: list[tuple[str, int]]
+    intermediate: Path | None
+    notes: list[str] = field(default_factory=list)
+    verify_report: object | None = None
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(size for _, size in self.files)
+
+
+def work_dir(output: Path) -> Path:
+    return output.parent / f".{output.name}.work"
+
+
+def plan_bytes(model_dir: Path, settings: AllSettings) -> int:
+    """Peak disk the run needs: tables + intermediate GGUF + quantized GGUFs (+ kept copy)."""
+    ck = open_checkpoint(model_dir)
+    backbone_params = sum(int(np.prod(r.shape)) for _, r in ck.backbone_tensors())
+    tables = sum(int(np.prod(j.source.shape)) * 2 for j in npy_jobs(ck))
+    intermediate = backbone_params * 2
+    quantized = sum(backbone_params * _APPROX_BPW.get(q.upper(), 16) / 8 for q in settings.quants)
+    kept = sum(r.nbytes for _, r in ck.backbone_tensors()) if settings.keep_intermediate else 0
+    return int(tables + intermediate + quantized + kept) + (64 << 20)
+
+
+def _extract_complete(folder: Path) -> bool:
+    """The extract output is there with every table readable and of the right size."""
+    try:
+        meta = read_meta(folder)
+    except MossGgufError:
+        return False
+    emb, heads = expected_tables(meta["n_vq"])
+    for sub, names in ((EMBEDDING_DIR, emb), (LM_HEAD_DIR, heads)):
+        for name in names:
+            path = folder / sub / name
+            try:
+                arr = np.load(path, mmap_mode="r")
+            except (OSError, ValueError):
+                return False
+            del arr  # np.load refuses a file shorter than its header says
+    return (folder / "qwen3_backbone" / "tokenizer.json").is_file()
+
+
+def _gguf_complete(path: Path, file_type: str | None = None) -> bool:
+    from .quantize import inspect_gguf
+
+    if not path.is_file():
+        return False
+    try:
+        info = inspect_gguf(path)
+    except MossGgufError:
+        return False
+    if info.size < info.data_end:
+        return False
+    if file_type is not None:
+        from .quantize import file_types
+
+        return info.file_type == file_types().get(file_type)
+    return True
+
+
+def _layout_complete(output: Path, gguf_names: list[str]) -> bool:
+    """A finished weights folder of exactly these GGUFs (sizes as its manifest says)."""
+    import json
+
+    manifest = output / MANIFEST_NAME
+    if not manifest.is_file():
+        return False
+    try:
+        data = json.loads(manifest.read_text())
+        if sorted(data["quant_types"]) != sorted(gguf_names):
+            return False
+        return all((output / f["path"]).stat().st_size == f["size"] for f in data["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def run_all(
+    settings: AllSettings,
+    progress: ProgressReporter | None = None,
+    on_step: Callable[[str, int], None] | None = None,
+) -> AllResult:
+    """Run every step that is not already complete; return what was made and how long it took."""
+    from .convert import convert
+    from .quantize import Engine, _resolve_engine, output_name, parse_file_type
+
+    bar = ensure(progress)
+    output = Path(settings.output)
+    quants = [parse_file_type(q) for q in settings.quants] or ["Q4_K_M"]
+    if settings.outtype not in ("auto", "f16", "bf16"):
+        raise UsageError(f"unknown --outtype {settings.outtype!r}", hint="use auto, f16 or bf16")
+    work = work_dir(output)
+    if settings.force:
+        shutil.rmtree(work, ignore_errors=True)
+    is_tiny = settings.model.startswith("builtin:")
+    extracted = work / "extracted"
+    ggufs = [work / output_name(Path("backbone_f16.gguf"), q) for q in quants]
+    names = [g.name for g in ggufs]
+
+    # up front: where the model is, which engine quantizes, and whether the disk holds it all
+    model_dir = resolve_model(settings.model, settings.revision, settings.cache_dir, bar)
+    engine, _ = _resolve_engine(Engine(settings.engine), settings.llama_cpp)
+    layout_done = not settings.force and _layout_complete(output, names)
+    if (
+        not layout_done
+        and not settings.force
+        and output.exists()
+        and (not output.is_dir() or any(output.iterdir()))
+    ):
+        raise OutputError(
+            "output exists and is not a finished `all` run of these quant types",
+            path=output,
+            hint="choose another --output or pass --force to replace it",
+        )
+    if not layout_done and not work.exists():
+        needed = plan_bytes(model_dir, settings)
+        check_free_space(output.parent, needed, output)
+        log.info("the plan needs about %s of free disk", human_bytes(needed))
+    if not layout_done:
+        work.mkdir(parents=True, exist_ok=True)
+
+    steps: list[StepResult] = []
+    notes: list[str] = []
+    bar.start("steps", "all", len(STEPS), "")
+
+    def step(name: str) -> float:
+        if on_step:
+            on_step(name, STEPS.index(name))
+        bar.advance("steps", 0, description=f"{name} ({STEPS.index(name) + 1}/{len(STEPS)})")
+        return time.perf_counter()
+
+    def done(name: str, started: float, detail: str = "") -> None:
+        steps.append(StepResult(name, "done", time.perf_counter() - started, detail))
+        bar.advance("steps", 1)
+
+    def skipped(name: str, detail: str = "already complete") -> None:
+        steps.append(StepResult(name, "skipped", 0.0, detail))
+        bar.advance("steps", 1)
+
+    # 1. extract: tables, tokenizer and meta (the backbone weights only if kept)
+    if layout_done or _extract_complete(extracted):
+        skipped("extract")
+    else:
+        t = step("extract")
+        remove_stale_partials(extracted)
+        r = extract(
+            model_dir,
+            extracted,
+            force=True,
+            source_model=settings.model,
+            backbone_weights=settings.keep_intermediate,
+            progress=bar,
+        )
+        done("extract", t, f"{len(r.npy_files)} tables, {human_bytes(r.bytes_written)}")
+
+    # 2. convert the backbone straight from the source shards
+    wanted = ("f16", "bf16") if settings.outtype == "auto" else (settings.outtype,)
+    intermediate = next(
+        (
+            work / f"backbone_{t}.gguf"
+            for t in wanted
+            if _gguf_complete(work / f"backbone_{t}.gguf")
+        ),
+        None,
+    )
+    quantized = all(_gguf_complete(g, q) for g, q in zip(ggufs, quants, strict=True))
+    if layout_done or quantized or intermediate is not None:
+        skipped("convert")
+    else:
+        t = step("convert")
+        outtype = "f16" if settings.outtype == "auto" else settings.outtype
+        try:
+            r = convert(
+                model_dir,
+                work / f"backbone_{outtype}.gguf",
+                outtype=outtype,
+                force=True,
+                progress=bar,
+            )
+        except NumericError as exc:
+            if settings.outtype != "auto":
+                raise
+            notes.append(f"f16 would overflow ({exc.message}); converted to bf16 instead")
+            log.warning(notes[-1])
+            r = convert(
+                model_dir, work / "backbone_bf16.gguf", outtype="bf16", force=True, progress=bar
+            )
+        intermediate = r.outfile
+        done("convert", t, f"{intermediate.name}, {human_bytes(r.bytes_written)}")
+
+    # 3. quantize to every requested type
+    if layout_done:
+        skipped("quantize")
+    else:
+        from .quantize import quantize
+
+        todo = [(g, q) for g, q in zip(ggufs, quants, strict=True) if not _gguf_complete(g, q)]
+        if not todo:
+            skipped("quantize")
+        else:
+            t = step("quantize")
+            results = quantize(
+                intermediate,
+                [g for g, _ in todo],
+                [q for _, q in todo],
+                engine=engine,
+                llama_cpp=settings.llama_cpp,
+                threads=settings.threads,
+                force=True,
+                progress=bar,
+            )
+            fallbacks = sum(len(r.fallbacks) for r in results)
+            done(
+                "quantize",
+                t,
+                ", ".join(f"{r.output.name} {r.bpw:.2f} bpw" for r in results)
+                + (f"; {fallbacks} fallback tensor types" if fallbacks else ""),
+            )
+
+    # 4. layout: move (or, keeping the intermediates, hard-link) into the weights folder
+    audio = settings.audio_tokenizer
+    if audio is None and is_tiny:
+        from .tiny import cache_root
+        from .tiny_codec import ensure_tiny_codec
+
+        audio = ensure_tiny_codec(cache_root() / "builtin" / "tiny-codec")[0].parent
+    if layout_done:
+        skipped("layout")
+    else:
+        t = step("layout")
+        mode = LayoutMode.link if settings.keep_intermediate else LayoutMode.move
+        r = layout(
+            extracted,
+            ggufs,
+            output,
+            mode=mode,
+            audio_tokenizer=audio,
+            synth_overrides=_DEMO_SYNTH if is_tiny else None,
+            source_model=settings.model,
+            force=True,
+            progress=bar,
+        )
+        done("layout", t, f"{len(r.entries)} files")
+
+    # 5. verify the finished folder (fast checks)
+    t = step("verify")
+    report = _verify(output, bar)
+    if report is not None and not report.ok:
+        failed = [row for row in report.rows if row.status == "fail"]
+        raise MossGgufError(
+            f"verify failed: {failed[0].name}: {failed[0].detail} ({len(failed)} failing checks)",
+            path=output,
+            hint="`moss-gguf verify` shows the full report; --force redoes all",
+        )
+    done("verify", t, "all checks pass" if report is not None else "verify unavailable")
+    bar.finish("steps")
+
+    kept = None
+    if work.exists():
+        if settings.keep_intermediate:
+            kept = output.parent / f"{output.name}-intermediate"
+            shutil.rmtree(kept, ignore_errors=True)
+            work.rename(kept)
+        else:
+            shutil.rmtree(work)
+    import json
+
+    manifest = json.loads((output / MANIFEST_NAME).read_text())
+    config = output / manifest.get("config", "moss-tts.yaml")
+    files = [(f["path"], f["size"]) for f in manifest["files"]]
+    return AllResult(
+        output, config, [output / g.name for g in ggufs], steps, files, kept, notes, report
+    )
+
+
+def _verify(output: Path, progress: ProgressReporter):
+    try:
+        from .verify import verify
+    except ImportError:
+        log.warning("verify is not available in this build; skipped")
+        return None
+    return verify(output, progress=progress)
