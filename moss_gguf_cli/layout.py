@@ -279,8 +279,14 @@ def layout(
     bar = ensure(progress)
     counts = {"linked": 0, "copied": 0, "moved": 0}
     with Staging(output, force=force) as stage:
-        # links may fall back to copies: ask for room for the copies up front
-        copies = [i for i in items if mode is not LayoutMode.move or not i.movable]
+        # room for what will really be copied: links across filesystems fall back to copies
+        dev = stage.path.stat().st_dev
+        copies = [
+            i
+            for i in items
+            if (mode is LayoutMode.copy)
+            or (i.source.stat().st_dev != dev and (mode is LayoutMode.link or not i.movable))
+        ]
         check_free_space(stage.path, sum(i.source.stat().st_size for i in copies), output)
         bar.start("layout", "arrange", len(items), "")
         for item in items:

@@ -301,7 +301,8 @@ def run_all(
                 + (f"; {fallbacks} fallback tensor types" if fallbacks else ""),
             )
 
-    # 4. layout: move (or, keeping the intermediates, hard-link) into the weights folder
+    # 4. layout: hard links from the work folder (same filesystem, so no copies); the work
+    #    folder stays whole until the end, so a run killed here resumes at this step
     audio = settings.audio_tokenizer
     if audio is None and is_tiny:
         from .tiny import cache_root
@@ -312,12 +313,11 @@ def run_all(
         skipped("layout")
     else:
         t = step("layout")
-        mode = LayoutMode.link if settings.keep_intermediate else LayoutMode.move
         r = layout(
             extracted,
             ggufs,
             output,
-            mode=mode,
+            mode=LayoutMode.link,
             audio_tokenizer=audio,
             synth_overrides=_DEMO_SYNTH if is_tiny else None,
             source_model=settings.model,

@@ -30,3 +30,13 @@ def tiny_extracted(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -
     out = tmp_path_factory.mktemp("extracted") / "tiny"
     extract(tiny_model, out, source_model="builtin:tiny")
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_f16_gguf(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """builtin:tiny's backbone as an f16 GGUF, by the native converter."""
+    from moss_gguf_cli.convert import convert
+
+    out = tmp_path_factory.mktemp("gguf") / "backbone_f16.gguf"
+    convert(tiny_model, out, outtype="f16")
+    return out

@@ -1,0 +1,164 @@
+"""`all`: the whole chain on builtin:tiny, resuming after a kill in each step."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from moss_gguf_cli.pipeline import STEPS
+
+
+def run_all_cli(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "moss_gguf_cli",
+            "all",
+            "--model",
+            "builtin:tiny",
+            "--output",
+            str(out),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "COLUMNS": "160"},
+    )
+
+
+def statuses(stdout: str) -> dict[str, str]:
+    """Step → status from the summary table."""
+    found = {}
+    for line in stdout.splitlines():
+        cells = [c.strip() for c in line.replace("│", "|").split("|") if c.strip()]
+        if len(cells) >= 2 and cells[0] in STEPS and cells[1] in ("done", "skipped"):
+            found[cells[0]] = cells[1]
+    return found
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+    out = tmp_path_factory.mktemp("all") / "weights-demo"
+    proc = run_all_cli(out)
+    return out, proc
+
+
+def test_all_builds_a_verified_weights_folder(finished) -> None:
+    out, proc = finished
+    assert proc.returncode == 0, proc.stderr
+    assert statuses(proc.stdout) == dict.fromkeys(STEPS, "done")
+    assert "synth config:" in proc.stdout
+    assert (out / "backbone_q4_k_m.gguf").is_file()
+    assert len(list((out / "embeddings").glob("*.npy"))) == 33
+    assert len(list((out / "lm_heads").glob("*.npy"))) == 33
+    config = yaml.safe_load((out / "moss-tts.yaml").read_text())
+    assert config["backbone_gguf"] == "backbone_q4_k_m.gguf"
+    assert (out / config["audio_decoder_onnx"]).is_file()
+    # nothing else is left beside the output: no work folder, no intermediate GGUF
+    assert sorted(p.name for p in out.parent.iterdir()) == ["weights-demo"]
+    assert not list(out.rglob("*f16*.gguf"))
+
+
+def test_rerun_of_a_finished_run_only_verifies(finished) -> None:
+    out, _ = finished
+    proc = run_all_cli(out)
+    assert proc.returncode == 0, proc.stderr
+    assert statuses(proc.stdout) == {**dict.fromkeys(STEPS[:-1], "skipped"), "verify": "done"}
+
+
+def test_keep_intermediate_and_several_quants(tmp_path: Path) -> None:
+    out = tmp_path / "w"
+    proc = run_all_cli(out, "--quant", "Q8_0", "--quant", "q6_k", "--keep-intermediate", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert {p.name for p in out.glob("*.gguf")} == {"backbone_q8_0.gguf", "backbone_q6_k.gguf"}
+    assert (out / "moss-tts.yaml").is_file() and (out / "moss-tts-backbone_q6_k.yaml").is_file()
+    kept = tmp_path / "w-intermediate"
+    assert (kept / "backbone_f16.gguf").is_file()
+    assert (kept / "extracted/qwen3_backbone/model.safetensors").is_file()
+
+
+def test_other_output_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "w"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    proc = run_all_cli(out)
+    assert proc.returncode == 1 and "--force" in proc.stderr
+    assert (out / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w"]
+
+
+def test_disk_too_small_stops_before_writing(tmp_path: Path) -> None:
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=50m", "tmpfs", str(mount)], check=True)
+    try:
+        proc = run_all_cli(mount / "w")
+        assert proc.returncode == 1
+        assert "of free disk" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+        assert list(mount.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+# what shows that a step is under way (a file only that step writes), relative to the parent
+IN_STEP = {
+    "extract": ".w.work/.extracted.partial-*",
+    "convert": ".w.work/.backbone_f16.gguf.partial-*",
+    "quantize": ".w.work/.backbone_q4_k_m.gguf.partial-*",
+    "layout": ".w.partial-*/embeddings/*.npy",
+}
+
+
+def _in_verify(parent: Path) -> bool:
+    return (parent / "w/manifest.json").exists() and (parent / ".w.work").exists()
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_killed_in_each_step_resumes(step: str, tmp_path: Path) -> None:
+    out = tmp_path / "w"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "moss_gguf_cli",
+            "all",
+            "--model",
+            "builtin:tiny",
+            "--output",
+            str(out),
+            "-q",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 300
+    hit = False
+    while time.monotonic() < deadline and proc.poll() is None:
+        hit = _in_verify(tmp_path) if step == "verify" else bool(list(tmp_path.glob(IN_STEP[step])))
+        if hit:
+            break
+        time.sleep(0.002)
+    assert hit and proc.poll() is None, f"the run finished before it was seen in {step}"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    index = STEPS.index(step)
+    if step != "verify":
+        assert not (out / "manifest.json").exists()  # nothing there passes for a result
+
+    rerun = run_all_cli(out)
+    assert rerun.returncode == 0, rerun.stderr
+    expected = {s: ("skipped" if i < index else "done") for i, s in enumerate(STEPS)}
+    assert statuses(rerun.stdout) == expected
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w"]
+    table = np.load(out / "lm_heads/lm_head_audio_00.npy")
+    assert table.shape == (1025, 256) and np.isfinite(table).all()
