@@ -1,0 +1,915 @@
+"""Quantize a GGUF with llama.cpp: the `llama-quantize` binary or libllama in-process.
+
+Both engines run llama.cpp's own quantizer (`llama_model_quantize`), so with the same
+llama.cpp version their outputs are byte-identical to a plain `llama-quantize` run.
+Their per-tensor log lines drive the progress reporter and fill the result rows.
+
+Outputs are written to a hidden temporary name beside the target and renamed only when
+llama.cpp has finished; any failure or Ctrl-C removes the temporary file.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+import queue
+import re
+import struct
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import llama_cpp as lc
+from .errors import InputError, OutputError, ToolError, UsageError
+from .progress import ProgressReporter, ensure
+from .staging import check_target, staged_file
+
+log = logging.getLogger(__name__)
+
+
+class Engine(str, Enum):
+    AUTO = "auto"
+    BINARY = "binary"
+    LIBRARY = "library"
+
+
+# --------------------------------------------------------------------------- type names
+
+# llama-quantize's short aliases (its QUANT_OPTIONS table)
+FILE_TYPE_ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
+# ggml types that cannot be a quantization target for a weight
+_NOT_TARGET_TENSOR_TYPES = {"Q8_1", "Q8_K", "I8", "I16", "I32", "I64", "F64"}
+# tensor types that are not quantized (requantizing is only about the others)
+UNQUANTIZED_TENSOR_TYPES = {"F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64"}
+
+
+def _ftype_name(constant: str) -> str | None:
+    for prefix in ("LLAMA_FTYPE_MOSTLY_", "LLAMA_FTYPE_ALL_", "MOSTLY_", "ALL_"):
+        if constant.startswith(prefix):
+            return constant[len(prefix) :]
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def file_types() -> dict[str, int]:
+    """Every llama.cpp file type: NAME -> llama_ftype value.
+
+    From llama-cpp-python's LLAMA_FTYPE_* constants (the library's own llama.h) joined with
+    gguf's LlamaFileType, so the table follows whatever llama.cpp is installed.
+    """
+    table: dict[str, int] = {}
+    try:
+        import gguf
+
+        for member in gguf.LlamaFileType:
+            name = _ftype_name(member.name)
+            if name:
+                table[name] = int(member.value)
+    except Exception:  # noqa: BLE001 - the other source may still work
+        pass
+    try:
+        import llama_cpp
+
+        for attr in dir(llama_cpp):
+            if attr.startswith("LLAMA_FTYPE_"):
+                name = _ftype_name(attr)
+                if name:
+                    table[name] = int(getattr(llama_cpp, attr))
+    except Exception:  # noqa: BLE001
+        pass
+    return dict(sorted(table.items(), key=lambda kv: kv[1]))
+
+
+def parse_file_type(name: str) -> str:
+    """Canonical upper-case file type name for a case-insensitive name or alias."""
+    table = file_types()
+    key = name.strip().upper()
+    key = FILE_TYPE_ALIASES.get(key, key)
+    if key not in table:
+        valid = ", ".join(list(table) + list(FILE_TYPE_ALIASES))
+        raise UsageError(
+            f"unknown quantization type {name!r}", hint=f"valid types (any case): {valid}"
+        )
+    return key
+
+
+@functools.lru_cache(maxsize=1)
+def tensor_types() -> dict[str, int]:
+    """ggml tensor types usable for --token-embedding-type / --output-tensor-type."""
+    import gguf
+
+    return {
+        m.name: int(m.value)
+        for m in gguf.GGMLQuantizationType
+        if m.name not in _NOT_TARGET_TENSOR_TYPES
+    }
+
+
+def parse_tensor_type(name: str, option: str) -> str:
+    table = tensor_types()
+    key = name.strip().upper()
+    if key not in table:
+        raise UsageError(
+            f"unknown tensor type {name!r} for {option}",
+            hint=f"valid types (any case): {', '.join(table)}",
+        )
+    return key
+
+
+def output_name(input: Path, file_type: str) -> str:
+    """`backbone_f16.gguf` + Q4_K_M -> `backbone_q4_k_m.gguf` (a float suffix is dropped)."""
+    stem = Path(input).name
+    if stem.lower().endswith(".gguf"):
+        stem = stem[: -len(".gguf")]
+    stem = re.sub(r"[-_.](f16|bf16|f32|fp16|fp32|float16|float32)$", "", stem, flags=re.I)
+    return f"{stem or 'model'}_{file_type.lower()}.gguf"
+
+
+# --------------------------------------------------------------------------- GGUF checks
+
+
+@dataclass(frozen=True)
+class GgufTensor:
+    name: str
+    type: str  # ggml type name, e.g. "Q4_K"
+    shape: tuple[int, ...]  # ggml order (ne0 first)
+    n_bytes: int
+
+
+@dataclass
+class GgufInfo:
+    """What the header says, and whether the file is long enough for its tensor data."""
+
+    path: Path
+    version: int
+    n_tensors: int
+    architecture: str | None
+    file_type: int | None
+    tensor_types: Counter = field(default_factory=Counter)
+    tensors: dict[str, GgufTensor] = field(default_factory=dict)
+    n_elements: int = 0
+    data_offset: int = 0
+    data_end: int = 0  # bytes the file must hold
+    size: int = 0
+
+    @property
+    def quantized_types(self) -> list[str]:
+        return sorted(t for t in self.tensor_types if t not in UNQUANTIZED_TENSOR_TYPES)
+
+
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q"}
+_GGUF_SCALARS[12] = "d"
+_STRING, _ARRAY = 8, 9
+
+
+class _Truncated(Exception):
+    pass
+
+
+class _Reader:
+    def __init__(self, fh, endian: str):
+        self.fh, self.e = fh, endian
+
+    def read(self, n: int) -> bytes:
+        b = self.fh.read(n)
+        if len(b) != n:
+            raise _Truncated
+        return b
+
+    def unpack(self, fmt: str) -> Any:
+        return struct.unpack(self.e + fmt, self.read(struct.calcsize(fmt)))[0]
+
+    def string(self) -> str:
+        n = self.unpack("Q")
+        if n > 1 << 30:
+            raise ValueError(f"string length {n}")
+        return self.read(n).decode("utf-8", "replace")
+
+    def skip(self, n: int) -> None:
+        if n:
+            self.fh.seek(n - 1, os.SEEK_CUR)
+            self.read(1)  # fails at end of file
+
+    def value(self, vtype: int, keep: bool) -> Any:
+        if vtype in _GGUF_SCALARS:
+            return self.unpack(_GGUF_SCALARS[vtype])
+        if vtype == _STRING:
+            return self.string()
+        if vtype == _ARRAY:
+            itype, n = self.unpack("I"), self.unpack("Q")
+            if itype in _GGUF_SCALARS:
+                self.skip(n * struct.calcsize(_GGUF_SCALARS[itype]))
+                return None
+            for _ in range(n):
+                self.value(itype, keep=False)
+            return None
+        raise ValueError(f"unknown metadata value type {vtype}")
+
+
+def inspect_gguf(path: Path) -> GgufInfo:
+    """Read a GGUF header; InputError if it is not a GGUF or is shorter than it claims."""
+    import gguf
+
+    path = Path(path)
+    if not path.exists():
+        raise InputError("input file not found", path=path, hint="check the path")
+    if not path.is_file():
+        raise InputError("input is not a file", path=path, hint="pass a .gguf file")
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+        if magic != b"GGUF":
+            raise InputError(
+                "not a GGUF file (bad magic bytes)",
+                path=path,
+                hint="pass the f16 GGUF written by `moss-gguf convert`",
+            )
+        try:
+            raw = fh.read(4)
+            if len(raw) != 4:
+                raise _Truncated
+            version = struct.unpack("<I", raw)[0]
+            endian = "<"
+            if version & 0xFFFF == 0:  # written big-endian
+                version, endian = struct.unpack(">I", raw)[0], ">"
+            if version < 2:
+                raise InputError(
+                    f"GGUF version {version} is too old for llama.cpp",
+                    path=path,
+                    hint="convert the model again",
+                )
+            r = _Reader(fh, endian)
+            n_tensors, n_kv = r.unpack("Q"), r.unpack("Q")
+            meta: dict[str, Any] = {}
+            for _ in range(n_kv):
+                key = r.string()
+                meta[key] = r.value(r.unpack("I"), keep=True)
+            info = GgufInfo(
+                path=path,
+                version=version,
+                n_tensors=n_tensors,
+                architecture=meta.get("general.architecture"),
+                file_type=meta.get("general.file_type"),
+                size=size,
+            )
+            end = 0
+            for _ in range(n_tensors):
+                name = r.string()
+                n_dims = r.unpack("I")
+                dims = [r.unpack("Q") for _ in range(n_dims)]
+                ttype, offset = r.unpack("I"), r.unpack("Q")
+                try:
+                    qtype = gguf.GGMLQuantizationType(ttype)
+                except ValueError:
+                    raise InputError(
+                        f"tensor {name!r} has an unknown type id {ttype}",
+                        path=path,
+                        hint="update the gguf package or llama.cpp",
+                    ) from None
+                block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+                n_el = math.prod(dims)
+                n_bytes = n_el // block * type_size
+                info.tensors[name] = GgufTensor(name, qtype.name, tuple(dims), n_bytes)
+                info.tensor_types[qtype.name] += 1
+                info.n_elements += n_el
+                end = max(end, offset + n_bytes)
+            align = int(meta.get("general.alignment") or 32)
+            info.data_offset = -(-fh.tell() // align) * align
+            info.data_end = info.data_offset + end
+        except _Truncated:
+            raise InputError(
+                f"truncated GGUF: the header ends early ({size} bytes)",
+                path=path,
+                hint="the file is incomplete; convert or copy it again",
+            ) from None
+        except (ValueError, UnicodeDecodeError, struct.error, OverflowError) as exc:
+            raise InputError(
+                f"damaged GGUF header ({exc})", path=path, hint="convert the model again"
+            ) from None
+    if size < info.data_end:
+        raise InputError(
+            f"truncated GGUF: {size} bytes, its tensor data needs {info.data_end}",
+            path=path,
+            hint="the file is incomplete; convert or copy it again",
+        )
+    return info
+
+
+# --------------------------------------------------------------------------- settings/results
+
+
+@dataclass
+class QuantizeSettings:
+    """Everything besides input and outputs; names equal the CLI options."""
+
+    engine: Engine = Engine.AUTO
+    llama_cpp: Path | None = None
+    imatrix: Path | None = None
+    threads: int | None = None
+    token_embedding_type: str | None = None
+    output_tensor_type: str | None = None
+    allow_requantize: bool = False
+    pure: bool = False
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> QuantizeSettings:
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(data) - known
+        if unknown:
+            raise UsageError(f"unknown quantize settings: {', '.join(sorted(unknown))}")
+        values = dict(data)
+        if "engine" in values:
+            values["engine"] = _engine(values["engine"])
+        for key in ("llama_cpp", "imatrix"):
+            if values.get(key) is not None:
+                values[key] = Path(values[key])
+        return cls(**values)
+
+
+@dataclass
+class QuantizeJob:
+    """One planned run: what `--dry-run` shows."""
+
+    input: Path
+    output: Path
+    file_type: str
+    ftype: int
+    engine: Engine  # BINARY or LIBRARY, never AUTO
+    command: list[str]  # the llama-quantize argv (for the library: the same arguments)
+    settings: QuantizeSettings  # with canonical type names
+
+
+@dataclass
+class QuantizeResult:
+    input: Path
+    output: Path
+    file_type: str
+    engine: str
+    command: list[str]
+    input_bytes: int
+    output_bytes: int
+    n_elements: int
+    input_bpw: float  # bits per weight of the input tensor data
+    bpw: float  # bits per weight of the output tensor data
+    seconds: float
+    tensors: list[lc.TensorRow]
+    fallbacks: list[lc.TensorFallback]
+    llama_cpp: str | None  # which llama.cpp did it
+    log_tail: list[str] = field(default_factory=list)
+
+    @property
+    def type_counts(self) -> Counter:
+        return Counter(row.dst_type for row in self.tensors)
+
+
+def _engine(value: Engine | str) -> Engine:
+    try:
+        return Engine(value.value if isinstance(value, Engine) else str(value).lower())
+    except ValueError:
+        raise UsageError(
+            f"unknown engine {value!r}", hint="choose auto, binary or library"
+        ) from None
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def _command(exe: str, input: Path, output: Path, file_type: str, s: QuantizeSettings) -> list[str]:
+    return lc.build_quantize_cmd(
+        exe,
+        input,
+        output,
+        file_type,
+        threads=s.threads,
+        imatrix=s.imatrix,
+        token_embedding_type=s.token_embedding_type,
+        output_tensor_type=s.output_tensor_type,
+        allow_requantize=s.allow_requantize,
+        pure=s.pure,
+    )
+
+
+def _resolve_engine(engine: Engine, llama_cpp: Path | None) -> tuple[Engine, Path | None]:
+    if engine is Engine.LIBRARY:
+        if not lc.library_available():
+            raise ToolError(
+                "llama-cpp-python (libllama) is not installed",
+                hint=f"{lc.LIBRARY_HINT}; or use --engine binary",
+            )
+        return Engine.LIBRARY, None
+    tree = lc.find_llama_cpp(llama_cpp)
+    exe = tree.quantize_bin if tree else None
+    if engine is Engine.BINARY:
+        if exe is None:
+            where = f" in {tree.root}" if tree and tree.root else ""
+            raise ToolError(
+                f"{lc.QUANTIZE_BIN} not found{where}",
+                hint=f"{lc.GET_SCRIPT_HINT}; or use --engine library",
+            )
+        return Engine.BINARY, exe
+    if exe is not None:
+        return Engine.BINARY, exe
+    if lc.library_available():
+        if tree is not None:
+            log.warning(
+                "no %s built in %s (%s); using llama-cpp-python's libllama instead",
+                lc.QUANTIZE_BIN, tree.root, tree.source,
+            )  # fmt: skip
+        return Engine.LIBRARY, None
+    raise ToolError(
+        "no quantize engine: llama-quantize not found and llama-cpp-python not installed",
+        hint=f"{lc.GET_SCRIPT_HINT}; or {lc.LIBRARY_HINT}",
+    )
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+    except OSError:
+        pass
+    return a.resolve() == b.resolve()
+
+
+def plan_quantize(
+    input: Path,
+    output: Path | Sequence[Path] | None = None,
+    types: str | Sequence[str] = ("Q4_K_M",),
+    *,
+    output_dir: Path | None = None,
+    settings: QuantizeSettings | None = None,
+    force: bool = False,
+) -> tuple[GgufInfo, list[QuantizeJob]]:
+    """Check everything that can be checked before work starts; return the jobs."""
+    s = settings or QuantizeSettings()
+    engine = _engine(s.engine)
+    names = [types] if isinstance(types, str) else list(types)
+    if not names:
+        raise UsageError("no quantization type given", hint="e.g. Q4_K_M")
+    canon: list[str] = []
+    for n in names:
+        c = parse_file_type(n)
+        if c not in canon:
+            canon.append(c)
+    tok_type = (
+        parse_tensor_type(s.token_embedding_type, "--token-embedding-type")
+        if s.token_embedding_type
+        else None
+    )
+    out_type = (
+        parse_tensor_type(s.output_tensor_type, "--output-tensor-type")
+        if s.output_tensor_type
+        else None
+    )
+    if s.threads is not None and s.threads < 1:
+        raise UsageError(f"--threads must be at least 1, got {s.threads}")
+
+    # outputs
+    input = Path(input)
+    if output is not None and output_dir is not None:
+        raise UsageError("give either an output file or --output-dir, not both")
+    if output_dir is not None:
+        outputs = [Path(output_dir) / output_name(input, t) for t in canon]
+    elif output is None:
+        outputs = [input.parent / output_name(input, t) for t in canon]
+    else:
+        outputs = [Path(output)] if isinstance(output, (str, os.PathLike)) else list(output)
+        outputs = [Path(o) for o in outputs]
+        if len(outputs) != len(canon):
+            raise UsageError(
+                f"{len(canon)} types but {len(outputs)} output file(s)",
+                hint="with several types use --output-dir DIR",
+            )
+
+    info = inspect_gguf(input)
+    for out in outputs:
+        if _same_file(out, input):
+            raise UsageError(
+                "the output path is the input file",
+                path=out,
+                hint="choose another output name; the input is never overwritten",
+            )
+        if out.is_dir():
+            raise OutputError(
+                "output is a folder", path=out, hint="give a file name, or use --output-dir"
+            )
+        check_target(out, force, kind="file")
+    if len(set(o.resolve() for o in outputs)) != len(outputs):
+        raise UsageError("two types would write the same output file")
+
+    quantized = info.quantized_types
+    if quantized and not s.allow_requantize:
+        raise InputError(
+            f"input is already quantized ({', '.join(quantized)} tensors)",
+            path=input,
+            hint="quantize the f16/bf16/f32 GGUF instead, or pass --allow-requantize "
+            "(lower quality)",
+        )
+    if s.imatrix is not None and not Path(s.imatrix).is_file():
+        raise InputError("importance matrix file not found", path=s.imatrix, hint="check --imatrix")
+
+    resolved, exe = _resolve_engine(engine, s.llama_cpp)
+    # canonical names from here on; the library engine shows the equivalent llama-quantize
+    s = replace(s, engine=resolved, token_embedding_type=tok_type, output_tensor_type=out_type)
+    exe_name = str(exe) if exe is not None else lc.QUANTIZE_BIN
+    table = file_types()
+    jobs = [
+        QuantizeJob(input, out, t, table[t], resolved, _command(exe_name, input, out, t, s), s)
+        for t, out in zip(canon, outputs, strict=True)
+    ]
+    return info, jobs
+
+
+# --------------------------------------------------------------------------- running
+
+
+def quantize(
+    input: Path,
+    output: Path | Sequence[Path] | None = None,
+    types: str | Sequence[str] = ("Q4_K_M",),
+    *,
+    output_dir: Path | None = None,
+    engine: Engine | str = Engine.AUTO,
+    llama_cpp: Path | None = None,
+    imatrix: Path | None = None,
+    threads: int | None = None,
+    token_embedding_type: str | None = None,
+    output_tensor_type: str | None = None,
+    allow_requantize: bool = False,
+    pure: bool = False,
+    force: bool = False,
+    progress: ProgressReporter | None = None,
+) -> list[QuantizeResult]:
+    """Quantize INPUT to one file per type; return one result per type, in order.
+
+    ``output`` is one path (one type) or a list paired with ``types``; or give
+    ``output_dir`` (files named by :func:`output_name`); with neither, files go beside
+    the input.
+    """
+    settings = QuantizeSettings(
+        engine=_engine(engine),
+        llama_cpp=Path(llama_cpp) if llama_cpp is not None else None,
+        imatrix=Path(imatrix) if imatrix is not None else None,
+        threads=threads,
+        token_embedding_type=token_embedding_type,
+        output_tensor_type=output_tensor_type,
+        allow_requantize=allow_requantize,
+        pure=pure,
+    )
+    info, jobs = plan_quantize(
+        input, output, types, output_dir=output_dir, settings=settings, force=force
+    )
+    progress = ensure(progress)
+    # read for both engines: a bad file fails here, the same way, before any work
+    imatrix_data = load_imatrix(settings.imatrix) if settings.imatrix is not None else None
+    return [_run_job(job, info, imatrix_data, force, progress) for job in jobs]
+
+
+def _run_job(
+    job: QuantizeJob,
+    info: GgufInfo,
+    imatrix_data: ImatrixData | None,
+    force: bool,
+    progress: ProgressReporter,
+) -> QuantizeResult:
+    s = job.settings
+    parser = lc.QuantizeLogParser()
+    key = f"quantize:{job.file_type}"
+    label = f"{job.file_type}"
+    progress.start(key, label, total=info.n_tensors, unit="tensors")
+
+    def on_text(text: str) -> None:
+        for line in text.splitlines():
+            if line.strip():
+                log.debug("llama.cpp: %s", line)
+        for ev in parser.feed(text):
+            if isinstance(ev, lc.TensorStarted):
+                progress.advance(key, 0, description=f"{label} {ev.name} {ev.src_type}")
+            elif isinstance(ev, lc.TensorConverting):
+                desc = f"{label} {ev.name} {ev.src_type}→{ev.dst_type}"
+                progress.advance(key, 0, description=desc)
+            elif isinstance(ev, lc.TensorDone):
+                r = ev.row
+                change = f"{r.src_type}→{r.dst_type}" if r.converted else f"{r.src_type} (copy)"
+                progress.advance(key, 1, description=f"{label} {r.name} {change}")
+
+    start = time.perf_counter()
+    version: str | None = None
+    try:
+        with staged_file(job.output, force=force) as tmp:
+            if job.engine is Engine.BINARY:
+                cmd = _command(job.command[0], job.input, tmp, job.file_type, s)
+                run = lc.run_streaming(cmd, on_text)
+                parser.close()
+                if run.returncode != 0:
+                    raise ToolError(
+                        f"llama-quantize failed (exit {run.returncode}): {lc.last_lines(run.tail)}",
+                        path=job.input,
+                    )
+                version = parser.build.describe() if parser.build else f"binary {cmd[0]}"
+            else:
+                rc = _library_quantize(job, tmp, s, imatrix_data, on_text)
+                parser.close()
+                if rc != 0:
+                    raise ToolError(
+                        f"llama_model_quantize failed (code {rc}): "
+                        f"{lc.last_lines(list(parser.lines))}",
+                        path=job.input,
+                    )
+                v = lc.library_version()
+                version = v.describe() if v else "llama-cpp-python"
+            if not tmp.is_file() or tmp.stat().st_size == 0:
+                raise ToolError("llama.cpp reported success but wrote no output", path=job.output)
+        progress.advance(key, 0, description=f"{label} done")
+    finally:
+        progress.finish(key)
+    seconds = time.perf_counter() - start
+
+    out_bytes = job.output.stat().st_size
+    n_el = max(info.n_elements, 1)
+    in_bpw = parser.model_bpw if parser.model_bpw is not None else info.size * 8 / n_el
+    bpw = parser.quant_bpw if parser.quant_bpw is not None else out_bytes * 8 / n_el
+    return QuantizeResult(
+        input=job.input,
+        output=job.output,
+        file_type=job.file_type,
+        engine=job.engine.value,
+        command=job.command,
+        input_bytes=info.size,
+        output_bytes=out_bytes,
+        n_elements=info.n_elements,
+        input_bpw=in_bpw,
+        bpw=bpw,
+        seconds=seconds,
+        tensors=parser.rows,
+        fallbacks=parser.fallbacks,
+        llama_cpp=version,
+        log_tail=list(parser.lines)[-20:],
+    )
+
+
+# --------------------------------------------------------------------------- library engine
+
+# ctypes callbacks handed to libllama must outlive any thread that may still call them
+_KEEP_ALIVE: list[Any] = []
+
+
+def _library_quantize(
+    job: QuantizeJob,
+    out: Path,
+    s: QuantizeSettings,
+    imatrix_data: ImatrixData | None,
+    on_text: Callable[[str], None],
+) -> int:
+    """llama_model_quantize in a worker thread; its log reaches on_text on this thread.
+
+    A worker keeps this thread free to report progress and to take Ctrl-C (an exception
+    raised inside a ctypes callback would be swallowed).
+    """
+    import ctypes
+
+    import llama_cpp
+
+    llama_cpp.llama_backend_init()
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = job.ftype
+    params.nthread = s.threads or 0
+    ttypes = tensor_types()
+    if s.token_embedding_type:
+        params.token_embedding_type = ttypes[s.token_embedding_type.upper()]
+    if s.output_tensor_type:
+        params.output_tensor_type = ttypes[s.output_tensor_type.upper()]
+    params.allow_requantize = bool(s.allow_requantize)
+    params.pure = bool(s.pure)
+    keep: list[Any] = []  # arrays params points into
+    if imatrix_data is not None:
+        _attach_imatrix(params, imatrix_data, str(s.imatrix), keep)
+
+    texts: queue.SimpleQueue[str] = queue.SimpleQueue()
+    active = threading.Event()
+    active.set()
+
+    @llama_cpp.llama_log_callback
+    def on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        if active.is_set() and text:
+            texts.put(text.decode("utf-8", "replace"))
+
+    _KEEP_ALIVE.append(on_log)
+    result: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            result["rc"] = llama_cpp.llama_model_quantize(
+                str(job.input).encode(), str(out).encode(), ctypes.byref(params)
+            )
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            result["exc"] = exc
+
+    def drain() -> None:
+        while True:
+            try:
+                on_text(texts.get_nowait())
+            except queue.Empty:
+                return
+
+    llama_cpp.llama_log_set(on_log, ctypes.c_void_p(0))
+    worker = threading.Thread(target=work, name="llama_model_quantize", daemon=True)
+    finished = False
+    try:
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.05)
+            drain()
+        drain()
+        finished = True
+    finally:
+        active.clear()
+        if finished:
+            _restore_llama_log()
+            _KEEP_ALIVE.remove(on_log)
+        else:
+            # interrupted: the worker cannot be stopped; it keeps writing to a file that
+            # staged_file is about to delete, and dies with the process
+            _KEEP_ALIVE.append(keep)
+    if "exc" in result:
+        raise result["exc"]
+    return int(result.get("rc", 1))
+
+
+def _restore_llama_log() -> None:
+    try:
+        import ctypes
+
+        from llama_cpp import _logger, llama_log_set
+
+        llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
+    except Exception:  # noqa: BLE001 - only the library's default logger is lost
+        pass
+
+
+# --------------------------------------------------------------------------- importance matrix
+
+
+@dataclass
+class ImatrixData:
+    entries: dict[str, np.ndarray]  # tensor name -> float32 per-column importance
+    datasets: list[str]
+    chunk_count: int
+
+
+def load_imatrix(path: Path) -> ImatrixData:
+    """Read an importance matrix (GGUF or the legacy .dat) the way llama-quantize does."""
+    path = Path(path)
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+    try:
+        return _load_imatrix_gguf(path) if magic == b"GGUF" else _load_imatrix_legacy(path)
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any parse failure is a bad file
+        raise InputError(
+            f"cannot read the importance matrix ({exc})",
+            path=path,
+            hint="pass an imatrix written by llama-imatrix",
+        ) from None
+
+
+def _load_imatrix_gguf(path: Path) -> ImatrixData:
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    sums: dict[str, np.ndarray] = {}
+    counts: dict[str, np.ndarray] = {}
+    for t in reader.tensors:
+        for suffix, into in ((".in_sum2", sums), (".counts", counts)):
+            if t.name.endswith(suffix):
+                if t.tensor_type != gguf.GGMLQuantizationType.F32:
+                    raise InputError(f"{t.name} must be F32", path=path)
+                into[t.name[: -len(suffix)]] = np.asarray(t.data, dtype=np.float32).reshape(-1)
+    if not sums and not counts:
+        raise InputError("importance matrix holds no data", path=path)
+
+    def field_value(key: str) -> Any:
+        f = reader.fields.get(key)
+        return f.contents() if f is not None else None
+
+    datasets = field_value("imatrix.datasets")
+    chunk_count = field_value("imatrix.chunk_count")
+    chunk_size = field_value("imatrix.chunk_size")
+    if datasets is None or chunk_count is None or chunk_size is None:
+        raise InputError(
+            "importance matrix metadata missing (imatrix.datasets/chunk_count/chunk_size)",
+            path=path,
+            hint="regenerate it with llama-imatrix",
+        )
+    entries: dict[str, np.ndarray] = {}
+    for name in sorted(set(sums) | set(counts)):
+        if name not in sums or name not in counts:
+            raise InputError(f"mismatched sums and counts for {name}", path=path)
+        # std::lround: halves away from zero
+        c = np.sign(counts[name]) * np.floor(np.abs(counts[name].astype(np.float64)) + 0.5)
+        s = sums[name]
+        ne0 = s.size // c.size
+        e = np.ones(s.size, dtype=np.float32)
+        for j, cnt in enumerate(c):
+            if cnt > 0:
+                e[j * ne0 : (j + 1) * ne0] = s[j * ne0 : (j + 1) * ne0] / np.float32(float(cnt))
+        entries[name] = e
+    if isinstance(datasets, str):
+        datasets = [datasets]
+    return ImatrixData(entries, [str(d) for d in datasets], int(chunk_count))
+
+
+def _load_imatrix_legacy(path: Path) -> ImatrixData:
+    data = path.read_bytes()
+    pos = 0
+
+    def take(fmt: str) -> Any:
+        nonlocal pos
+        size = struct.calcsize(fmt)
+        if pos + size > len(data):
+            raise InputError("truncated importance matrix", path=path)
+        value = struct.unpack_from(fmt, data, pos)
+        pos += size
+        return value if len(value) > 1 else value[0]
+
+    n_entries = take("<i")
+    if n_entries < 1:
+        raise InputError("not an importance matrix (no entries)", path=path)
+    entries: dict[str, np.ndarray] = {}
+    for _ in range(n_entries):
+        n = take("<i")
+        if n < 0 or pos + n > len(data):
+            raise InputError("truncated importance matrix", path=path)
+        name = data[pos : pos + n].split(b"\0")[0].decode("utf-8", "replace")
+        pos += n
+        ncall, nval = take("<i"), take("<i")
+        if nval < 1 or pos + 4 * nval > len(data):
+            raise InputError("truncated importance matrix", path=path)
+        sums = np.frombuffer(data, dtype="<f4", count=nval, offset=pos).astype(np.float32)
+        pos += 4 * nval
+        entries[name] = sums / np.float32(ncall) if ncall > 0 else sums.copy()
+    datasets: list[str] = []
+    chunk_count = 0
+    if pos + 4 <= len(data):
+        chunk_count = take("<i")
+        if pos + 4 <= len(data):
+            n = take("<i")
+            if n > 0 and pos + n <= len(data):
+                datasets.append(data[pos : pos + n].split(b"\0")[0].decode("utf-8", "replace"))
+    return ImatrixData(entries, datasets, chunk_count)
+
+
+def _attach_imatrix(params: Any, data: ImatrixData, file_arg: str, keep: list[Any]) -> None:
+    """Fill params.imatrix and the quantize.imatrix.* metadata as llama-quantize does."""
+    import ctypes
+
+    import llama_cpp
+
+    n = len(data.entries)
+    arr = (llama_cpp.llama_model_imatrix_data * (n + 1))()
+    for i, (name, values) in enumerate(data.entries.items()):
+        buf = np.ascontiguousarray(values, dtype=np.float32)
+        name_b = name.encode()
+        keep += [buf, name_b]
+        arr[i].name = name_b
+        arr[i].data = buf.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        arr[i].size = buf.size
+    keep.append(arr)
+    params.imatrix = ctypes.cast(arr, ctypes.POINTER(llama_cpp.llama_model_imatrix_data))
+
+    kvs: list[tuple[str, int, Any]] = [
+        ("quantize.imatrix.file", llama_cpp.LLAMA_KV_OVERRIDE_TYPE_STR, file_arg)
+    ]
+    if data.datasets:
+        kvs.append(
+            ("quantize.imatrix.dataset", llama_cpp.LLAMA_KV_OVERRIDE_TYPE_STR, data.datasets[0])
+        )
+    kvs.append(("quantize.imatrix.entries_count", llama_cpp.LLAMA_KV_OVERRIDE_TYPE_INT, n))
+    if data.chunk_count > 0:
+        kvs.append(
+            (
+                "quantize.imatrix.chunks_count",
+                llama_cpp.LLAMA_KV_OVERRIDE_TYPE_INT,
+                data.chunk_count,
+            )
+        )
+    ov = (llama_cpp.llama_model_kv_override * (len(kvs) + 1))()
+    for i, (key, tag, value) in enumerate(kvs):
+        ov[i].key = key.encode()
+        ov[i].tag = tag
+        if tag == llama_cpp.LLAMA_KV_OVERRIDE_TYPE_STR:
+            ov[i].value.val_str = value.encode()[:127]  # llama-quantize keeps 127 bytes
+        else:
+            ov[i].value.val_i64 = int(value)
+    keep.append(ov)
+    params.kv_overrides = ctypes.cast(ov, ctypes.POINTER(llama_cpp.llama_model_kv_override))
