@@ -237,10 +237,28 @@ def read_json(path: Path, what: str) -> Any:
         ) from exc
 
 
+# model_type values of OpenMOSS checkpoints that are not delay models
+_REFUSED_TYPES = {
+    "moss_tts_local": "MOSS-TTS-Local",
+    "moss_tts_realtime": "MOSS-TTS-Realtime",
+    "moss_ttsd": "MOSS-TTSD v0.5/v0.7",
+    "asteroid": "MOSS-TTSD v0.5/v0.7",
+    "moss_tts_nano": "MOSS-TTS-Nano",
+    "moss_soundeffect": "MOSS-SoundEffect v2.0",
+}
+_ONLY_DELAY = "only MOSS delay models convert to a llama.cpp backbone"
+
+
 def detect_lookalike(config: dict[str, Any], path: Path) -> None:
     """Refuse, with the likely model name, what is not a MOSS delay model."""
     model_type = str(config.get("model_type", ""))
     archs = [str(a) for a in config.get("architectures") or []]
+    if model_type in _REFUSED_TYPES:
+        raise UnsupportedModelError(
+            f"{_REFUSED_TYPES[model_type]} (model_type {model_type!r}) is not a MOSS delay model",
+            path=path,
+            hint=_ONLY_DELAY,
+        )
     if "language_config" not in config:
         if model_type in ("qwen3", "qwen2") or any("Qwen" in a for a in archs):
             raise UnsupportedModelError(
@@ -257,25 +275,13 @@ def detect_lookalike(config: dict[str, Any], path: Path) -> None:
         raise UnsupportedModelError(
             "MOSS-TTS-Local-Transformer (local_num_layers/local_hidden_size) is not a delay model",
             path=path,
-            hint="only MOSS delay models convert to a llama.cpp backbone",
-        )
-    refused = {
-        "moss_tts_local": "MOSS-TTS-Local",
-        "moss_tts_realtime": "MOSS-TTS-Realtime",
-        "moss_ttsd": "MOSS-TTSD v0.5/v0.7",
-        "moss_tts_nano": "MOSS-TTS-Nano",
-    }
-    if model_type in refused:
-        raise UnsupportedModelError(
-            f"{refused[model_type]} (model_type {model_type!r}) is not a MOSS delay model",
-            path=path,
-            hint="only MOSS delay models convert to a llama.cpp backbone",
+            hint=_ONLY_DELAY,
         )
     if model_type and model_type != "moss_tts_delay":
         raise UnsupportedModelError(
             f"model_type {model_type!r} is not a MOSS delay model (expected 'moss_tts_delay')",
             path=path,
-            hint="only MOSS delay models convert to a llama.cpp backbone",
+            hint=_ONLY_DELAY,
         )
 
 
@@ -328,6 +334,13 @@ def open_checkpoint(root: Path) -> MossCheckpoint:
     if not root.is_dir():
         raise InputError("model folder not found", path=root)
     config_path = root / "config.json"
+    if (root / "model_index.json").is_file():
+        raise UnsupportedModelError(
+            "model_index.json marks a diffusion pipeline (such as MOSS-SoundEffect v2.0), "
+            "not a MOSS delay model",
+            path=root,
+            hint=_ONLY_DELAY,
+        )
     if not config_path.is_file():
         raise InputError(
             "config.json is missing",
@@ -402,7 +415,7 @@ def _check_tensors(tensors: dict[str, TensorRef], moss: MossConfig, config_path:
             "tensors model.embedding_list.*/local_transformer.* mark MOSS-TTS-Local-Transformer, "
             "not a delay model",
             path=config_path.parent,
-            hint="only MOSS delay models convert to a llama.cpp backbone",
+            hint=_ONLY_DELAY,
         )
     for name, shape in expected_shapes(moss).items():
         ref = tensors.get(name)

@@ -213,14 +213,12 @@ def gguf_file_type(path: Path) -> str | None:
     """The GGUF's llama.cpp file type name (e.g. MOSTLY_Q4_K_M), or None if unreadable."""
     import gguf
 
+    from .quantize import inspect_gguf  # a header reader; GGUFReader parses every token string
+
     try:
-        reader = gguf.GGUFReader(path)
-        field_ = reader.get_field("general.file_type")
-        if field_ is None:
-            return None
-        value = int(field_.parts[field_.data[0]][0])
-        return gguf.LlamaFileType(value).name
-    except (ValueError, OSError, KeyError, IndexError):
+        value = inspect_gguf(path).file_type
+        return None if value is None else gguf.LlamaFileType(value).name
+    except (InputError, ValueError):
         return None
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from .errors import InputError
 from .safetensors_io import PlannedTensor, write_streaming
 
-BUILDER_VERSION = 1  # bump when the generated files change
+BUILDER_VERSION = 3  # bump when the generated files change
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,8 @@ class TinySpec:
     extra_config: dict[str, Any] = field(default_factory=dict)
     # a look-alike carries the local-transformer tensors instead of a clean delay layout
     local_transformer: bool = False
+    # one backbone weight beyond the float16 range, as in the real VoiceGenerator's f16 trouble
+    f16_overflow: str | None = None
 
 
 VARIANTS: dict[str, TinySpec] = {
@@ -54,7 +56,9 @@ VARIANTS: dict[str, TinySpec] = {
         name="OpenMOSS-Team/MOSS-VoiceGenerator",
         tie_word_embeddings=True,
         extra_config={"gen_token_id": 151657},
+        f16_overflow="language_model.layers.1.mlp.down_proj.weight",
     ),
+    "tiny-soundeffect": TinySpec(name="OpenMOSS-Team/MOSS-SoundEffect"),
     "tiny-local": TinySpec(
         name="OpenMOSS-Team/MOSS-TTS-Local-Transformer",
         local_transformer=True,
@@ -220,7 +224,10 @@ def write_tiny(dest: Path, spec: TinySpec) -> None:
     shapes = tensor_shapes(spec)
     planned = []
     for name, shape in shapes.items():
-        bits = _bf16(_values(rng, name, shape, spec.hidden))
+        values = _values(rng, name, shape, spec.hidden)
+        if name == spec.f16_overflow:
+            values[0, 0] = 1.0e5  # finite in bf16, infinite in float16
+        bits = _bf16(values)
         planned.append(PlannedTensor(name, "BF16", shape, bits.nbytes, array=bits))
     total = sum(t.nbytes for t in planned)
     groups: list[list[PlannedTensor]] = [[] for _ in range(spec.shards)]
