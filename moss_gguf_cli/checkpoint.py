@@ -125,14 +125,14 @@ class MossConfig:
                 max_position_embeddings=int(lang.get("max_position_embeddings", 40960)),
                 sampling_rate=int(config.get("sampling_rate", 24000)),
                 model_type=str(config.get("model_type", "moss_tts_delay")),
-                variant=_variant_name(config),
+                variant=variant_name(config),
                 **{k: int(config.get(k, v)) for k, v in TOKEN_DEFAULTS.items()},
             )
         except (TypeError, ValueError) as exc:
             raise InputError(f"config has a value of the wrong type ({exc})", path=path) from exc
 
 
-def _variant_name(config: dict[str, Any]) -> str:
+def variant_name(config: dict[str, Any]) -> str:
     name = str(config.get("_name_or_path") or config.get("name_or_path") or "")
     n_vq = config.get("n_vq", config.get("n_codebooks", 32))
     if "ttsd" in name.lower() or n_vq == 16:

@@ -36,7 +36,7 @@ AUDIO_TOKENIZER_DIR = "audio_tokenizer"
 # synth settings written into the YAML (DESIGN.md §5); upstream's reader knows these keys
 SYNTH_DEFAULTS: dict[str, Any] = {
     "audio_backend": "onnx",
-    "heads_backend": "numpy",
+    "heads_backend": "auto",  # float16 heads through ggml when available, else NumPy
     "n_ctx": 4096,
     "n_batch": 512,
     "n_threads": 0,  # 0: let llama.cpp pick

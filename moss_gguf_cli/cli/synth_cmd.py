@@ -1,0 +1,128 @@
+"""`moss-gguf synth`: speak text with the converted weights, write a 24 kHz WAV."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from ..errors import InputError, UsageError
+from ..tts import SynthConfig, SynthProfile, synth_to_wav
+from ._options import Quiet, Verbose
+from ._output import OutputMode, info, progress_for, setup_logging, stdout
+from .app import command
+
+EXAMPLES = """
+[b]Examples[/b]
+
+  moss-gguf synth --config weights-demo/moss-tts.yaml --text "Hello" --output demo.wav
+
+  moss-gguf synth --config weights/moss-tts.yaml --text-file story.txt --output story.wav \\
+      --reference voice.flac --language en --seed 7
+
+  echo "Read from stdin." | moss-gguf synth --config weights/moss-tts.yaml --text - -o out.wav
+
+  moss-gguf synth --config weights/moss-tts.yaml --text "Hi" -o hi.wav --threads 8 --profile
+
+Flags override the YAML's values. builtin:tiny weights are random: they speak noise.
+"""
+
+
+@command(
+    "synth",
+    help="Speak TEXT with the GGUF backbone, NumPy tables and ONNX audio tokenizer "
+    "named by a moss-tts.yaml, and write a 24 kHz WAV.",
+    epilog=EXAMPLES,
+)
+def synth_command(
+    config: Annotated[Path, typer.Option("--config", "-c", help="The moss-tts.yaml to use.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="WAV file to write.")],
+    text: Annotated[str | None, typer.Option(help="Text to speak; '-' reads stdin.")] = None,
+    text_file: Annotated[Path | None, typer.Option(help="Read the text from a file.")] = None,
+    reference: Annotated[Path | None, typer.Option(help="Voice to clone (any audio).")] = None,
+    instruction: Annotated[str | None, typer.Option(help="Style instruction.")] = None,
+    language: Annotated[str | None, typer.Option(help="Language hint, e.g. en, zh.")] = None,
+    tokens: Annotated[int | None, typer.Option(help="Target length in audio tokens.")] = None,
+    quality: Annotated[str | None, typer.Option(help="Quality hint.")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Most generation steps.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Same seed, same WAV.")] = None,
+    text_temperature: Annotated[float | None, typer.Option(help="0 = greedy.")] = None,
+    audio_temperature: Annotated[float | None, typer.Option(help="0 = greedy.")] = None,
+    audio_top_p: Annotated[float | None, typer.Option()] = None,
+    audio_top_k: Annotated[int | None, typer.Option()] = None,
+    audio_repetition_penalty: Annotated[float | None, typer.Option()] = None,
+    n_gpu_layers: Annotated[int | None, typer.Option(help="-1 = all, 0 = CPU.")] = None,
+    threads: Annotated[int | None, typer.Option(help="CPU threads (0 = all).")] = None,
+    profile: Annotated[bool, typer.Option("--profile", help="Print where the time went.")] = False,
+    quiet: Quiet = False,
+    verbose: Verbose = False,
+) -> None:
+    mode = OutputMode(quiet=quiet, verbose=verbose)
+    setup_logging(mode)
+    settings = SynthConfig.from_yaml(config).override(
+        max_new_tokens=max_new_tokens,
+        text_temperature=text_temperature,
+        audio_temperature=audio_temperature,
+        audio_top_p=audio_top_p,
+        audio_top_k=audio_top_k,
+        audio_repetition_penalty=audio_repetition_penalty,
+        n_gpu_layers=n_gpu_layers,
+        n_threads=threads,
+    )
+    words = _read_text(text, text_file)
+    with progress_for(mode) as bar:
+        result = synth_to_wav(
+            settings,
+            output,
+            words,
+            reference=reference,
+            instruction=instruction,
+            tokens=tokens,
+            quality=quality,
+            language=language,
+            seed=seed,
+            progress=bar,
+        )
+    p = result.profile
+    info(mode, f"{p.frames} frames, {p.audio_s:.2f} s of audio in {p.total_s:.1f} s")
+    if profile:
+        stdout.print(_profile_table(p))
+    typer.echo(str(result.output))
+
+
+def _read_text(text: str | None, text_file: Path | None) -> str:
+    if (text is None) == (text_file is None):
+        raise UsageError("give exactly one of --text and --text-file")
+    if text == "-":
+        return sys.stdin.read()
+    if text_file is not None:
+        try:
+            return text_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"cannot read the text file: {exc}", path=text_file) from exc
+    return text or ""
+
+
+def _profile_table(p: SynthProfile) -> Table:
+    table = Table(title="synth profile", show_header=True)
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    rows = [
+        ("prompt rows", f"{p.prompt_rows}"),
+        ("prefill", f"{p.prefill_s:.3f} s ({p.prefill_tokens_per_s:.0f} tokens/s)"),
+        ("steps", f"{p.steps} ({p.steps_per_s:.1f} steps/s)"),
+        ("  backbone / step", f"{p.per_step_ms('backbone'):.2f} ms"),
+        (f"  heads ({p.heads_backend}) / step", f"{p.per_step_ms('heads'):.2f} ms"),
+        ("  sampling / step", f"{p.per_step_ms('sampling'):.2f} ms"),
+        ("  embeddings / step", f"{p.per_step_ms('embed'):.2f} ms"),
+        ("audio decode", f"{p.decode_s:.3f} s"),
+        ("audio", f"{p.frames} frames, {p.audio_s:.2f} s, {p.segments} segment(s)"),
+        ("ended by", "<|im_end|>" if p.stopped else "max-new-tokens / n_ctx"),
+        ("real-time factor", f"{p.real_time_factor:.2f}"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    return table

@@ -1,0 +1,294 @@
+"""The Qwen3 backbone in llama.cpp, fed embeddings, through llama-cpp-python's low-level API.
+
+One context, batch 1, KV cache cleared per utterance. Input rows are summed
+embeddings (`llama_batch_init(n, n_embd, 1)`, `batch.embd`); the outputs are the
+final-norm hidden state (`llama_get_embeddings_ith`) and the text logits of the
+GGUF's `output` head (`llama_get_logits_ith`).
+
+A context created with ``embeddings = True`` outputs *every* row of a batch
+(llama.cpp overrides the per-row output flags), which on the real model means
+155648 logits per prompt row. So the prompt is prefilled with embeddings switched
+off and no row flagged — nothing is materialised — and only its last row is
+decoded with embeddings on. Generation steps are single rows, embeddings on.
+
+llama.cpp's log lines go to this module's logger at DEBUG level (shown with
+``--verbose``); its recent error lines are kept to explain a failure.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError, ToolError, UsageError
+
+log = logging.getLogger(__name__)
+
+KV_TYPES = {
+    "f32": 0,
+    "f16": 1,
+    "q4_0": 2,
+    "q4_1": 3,
+    "q5_0": 6,
+    "q5_1": 7,
+    "q8_0": 8,
+    "iq4_nl": 20,
+    "bf16": 30,
+}
+FLASH_ATTN_TYPES = {"auto": -1, "disabled": 0, "enabled": 1}
+
+
+def _llama():
+    try:
+        import llama_cpp
+    except Exception as exc:  # noqa: BLE001 - a broken install raises anything
+        raise ToolError(
+            f"llama-cpp-python does not import: {exc}",
+            hint="pip install llama-cpp-python (a CPU or CUDA build)",
+        ) from exc
+    return llama_cpp
+
+
+# ---------------------------------------------------------------- llama.cpp log routing
+
+_recent_errors: collections.deque[str] = collections.deque(maxlen=8)
+_pending: list[str] = []
+_callback = None  # kept referenced: llama.cpp holds the raw function pointer
+
+
+def _route_logs() -> None:
+    """llama.cpp's log to our logger (DEBUG), instead of its default stderr chatter."""
+    global _callback
+    if _callback is not None:
+        return
+    llama_cpp = _llama()
+    llama_log = logging.getLogger(__name__ + ".llama")
+
+    @llama_cpp.llama_log_callback
+    def callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        piece = text.decode("utf-8", errors="replace") if text else ""
+        _pending.append(piece)
+        if not piece.endswith("\n"):
+            return  # continued on the next call
+        line = "".join(_pending).rstrip()
+        _pending.clear()
+        if level == 3:  # GGML_LOG_LEVEL_ERROR
+            _recent_errors.append(line)
+        if line:
+            llama_log.debug("%s", line)
+
+    _callback = callback
+    llama_cpp.llama_log_set(_callback, ctypes.c_void_p(0))
+
+
+def _last_error() -> str:
+    return _recent_errors[-1].strip() if _recent_errors else "no detail from llama.cpp"
+
+
+# ---------------------------------------------------------------- backbone
+
+
+@dataclass(frozen=True)
+class BackboneSettings:
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_threads: int = 0  # 0: all cores
+    n_gpu_layers: int = -1
+    kv_cache_type_k: str = "f16"
+    kv_cache_type_v: str = "f16"
+    flash_attn: str = "auto"
+
+
+class Backbone:
+    """Embeddings in, (final-norm hidden state, text logits) of the last row out."""
+
+    def __init__(self, gguf: Path, settings: BackboneSettings | None = None):
+        settings = settings or BackboneSettings()
+        gguf = Path(gguf)
+        if not gguf.is_file():
+            raise InputError("backbone GGUF not found", path=gguf, hint="check backbone_gguf")
+        for key in ("kv_cache_type_k", "kv_cache_type_v"):
+            if getattr(settings, key) not in KV_TYPES:
+                raise UsageError(f"{key} must be one of {', '.join(KV_TYPES)}")
+        if settings.flash_attn not in FLASH_ATTN_TYPES:
+            raise UsageError(f"flash_attn must be one of {', '.join(FLASH_ATTN_TYPES)}")
+        lc = _llama()
+        _route_logs()
+        lc.llama_backend_init()
+        self._lc = lc
+        self.settings = settings
+        self._model = None
+        self._ctx = None
+        self._batch = None
+
+        mparams = lc.llama_model_default_params()
+        mparams.n_gpu_layers = settings.n_gpu_layers
+        self._model = lc.llama_model_load_from_file(str(gguf).encode(), mparams)
+        if not self._model:
+            raise InputError(
+                f"llama.cpp cannot load the backbone: {_last_error()}",
+                path=gguf,
+                hint="is it a complete qwen3 GGUF? rerun convert",
+            )
+        try:
+            self._open_context(settings)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_context(self, settings: BackboneSettings) -> None:
+        lc = self._lc
+        threads = settings.n_threads or os.cpu_count() or 1
+        self.n_embd = int(lc.llama_model_n_embd(self._model))
+        self.n_vocab = int(lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self._model)))
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx = settings.n_ctx
+        cparams.n_batch = settings.n_batch
+        cparams.n_ubatch = settings.n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.embeddings = True
+        cparams.pooling_type = lc.LLAMA_POOLING_TYPE_NONE
+        cparams.type_k = KV_TYPES[settings.kv_cache_type_k]
+        cparams.type_v = KV_TYPES[settings.kv_cache_type_v]
+        cparams.flash_attn_type = FLASH_ATTN_TYPES[settings.flash_attn]
+        cparams.no_perf = True
+        self._ctx = lc.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            raise ToolError(
+                f"llama.cpp cannot create a context: {_last_error()}",
+                hint="lower n_ctx, or use f16 KV caches (quantized V needs flash_attn)",
+            )
+        # llama.cpp may round the context up; the configured size is the limit we keep
+        self.n_ctx = min(settings.n_ctx, int(lc.llama_n_ctx(self._ctx)))
+        self.n_batch = int(lc.llama_n_batch(self._ctx))
+        self._memory = lc.llama_get_memory(self._ctx)
+        self._batch = lc.llama_batch_init(self.n_batch, self.n_embd, 1)
+        b = self._batch
+        self._embd = np.ctypeslib.as_array(b.embd, shape=(self.n_batch, self.n_embd))
+        self._pos = np.ctypeslib.as_array(b.pos, shape=(self.n_batch,))
+        self._flags = np.ctypeslib.as_array(b.logits, shape=(self.n_batch,))
+        n_seq = np.ctypeslib.as_array(b.n_seq_id, shape=(self.n_batch,))
+        n_seq[:] = 1
+        for i in range(self.n_batch):
+            b.seq_id[i][0] = 0
+        self._hidden = np.empty(self.n_embd, dtype=np.float32)
+        self._logits = np.empty(self.n_vocab, dtype=np.float32)
+        self.n_past = 0
+        self._embeddings_on = True
+
+    # -- state
+
+    def reset(self) -> None:
+        """Forget the previous utterance: clear the KV cache."""
+        self._lc.llama_memory_clear(self._memory, True)
+        self.n_past = 0
+
+    def _set_embeddings(self, on: bool) -> None:
+        if on != self._embeddings_on:
+            self._lc.llama_set_embeddings(self._ctx, on)
+            self._embeddings_on = on
+
+    def _decode(self, rows: np.ndarray, want_output: bool) -> None:
+        n = rows.shape[0]
+        if self.n_past + n > self.n_ctx:
+            raise InputError(
+                f"the sequence needs {self.n_past + n} positions but n_ctx is {self.n_ctx}",
+                hint="raise n_ctx in the config, or shorten the text / reference",
+            )
+        self._embd[:n] = rows
+        self._pos[:n] = np.arange(self.n_past, self.n_past + n, dtype=np.int32)
+        self._flags[:n] = 0
+        if want_output:
+            self._flags[n - 1] = 1
+        self._set_embeddings(want_output)
+        self._batch.n_tokens = n
+        rc = self._lc.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            why = "no free KV-cache slot" if rc == 1 else _last_error()
+            raise ToolError(f"llama_decode failed ({rc}): {why}", hint="raise n_ctx or n_batch")
+        self.n_past += n
+
+    def _outputs(self) -> tuple[np.ndarray, np.ndarray]:
+        lc = self._lc
+        emb = lc.llama_get_embeddings_ith(self._ctx, -1)
+        logits = lc.llama_get_logits_ith(self._ctx, -1)
+        if not emb or not logits:
+            raise ToolError(f"llama.cpp returned no output row: {_last_error()}")
+        # copies (0.6 MB on the real vocab, tens of µs): llama.cpp's buffers move on the
+        # next decode and vanish with the context
+        self._hidden[:] = np.ctypeslib.as_array(emb, shape=(self.n_embd,))
+        self._logits[:] = np.ctypeslib.as_array(logits, shape=(self.n_vocab,))
+        return self._hidden, self._logits
+
+    # -- work
+
+    def prefill(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Feed the prompt's (S, n_embd) rows; the outputs of its last row.
+
+        The returned arrays are reused (overwritten) by the next call."""
+        embeds = np.asarray(embeds, dtype=np.float32)
+        if embeds.ndim != 2 or embeds.shape[1] != self.n_embd or embeds.shape[0] == 0:
+            raise InputError(
+                f"prompt embeddings have shape {embeds.shape}, need (S, {self.n_embd})"
+            )
+        if self.n_past + embeds.shape[0] > self.n_ctx:
+            raise InputError(
+                f"the prompt is {embeds.shape[0]} rows but n_ctx is {self.n_ctx}",
+                hint="raise n_ctx in the config, or shorten the text / reference",
+            )
+        body = embeds[:-1]
+        for start in range(0, body.shape[0], self.n_batch):
+            self._decode(body[start : start + self.n_batch], want_output=False)
+        self._decode(embeds[-1:], want_output=True)
+        return self._outputs()
+
+    def step(self, embed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Feed one (n_embd,) row; its hidden state and text logits (reused buffers)."""
+        self._decode(embed.reshape(1, -1), want_output=True)
+        return self._outputs()
+
+    def hidden_states(self, embeds: np.ndarray) -> np.ndarray:
+        """Final-norm hidden states of every row (S, n_embd), from an empty cache (for checks)."""
+        self.reset()
+        embeds = np.asarray(embeds, dtype=np.float32)
+        out = np.empty_like(embeds)
+        for start in range(0, embeds.shape[0], self.n_batch):
+            chunk = embeds[start : start + self.n_batch]
+            self._decode(chunk, want_output=True)  # embeddings on: every row is output
+            for i in range(chunk.shape[0]):
+                ptr = self._lc.llama_get_embeddings_ith(self._ctx, i)
+                out[start + i] = np.ctypeslib.as_array(ptr, shape=(self.n_embd,))
+        self.reset()
+        return out
+
+    def close(self) -> None:
+        lc = self._lc
+        if self._batch is not None:
+            lc.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            lc.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            lc.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> Backbone:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass

@@ -1,0 +1,206 @@
+"""The delay pattern: applying and undoing it, and the generation state machine (DESIGN.md §5).
+
+In the delay pattern codebook k of frame t sits on row t + k, so T frames span
+T + n_vq − 1 rows. Generation emits one row per step: a text id (column 0) and
+n_vq audio codes; `DelayMachine` decides which of them are forced, masked or
+sampled from the state (audio_length, delayed_length, is_audio, is_stopping,
+time_step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import ModelInfo
+from .sampling import Sampler
+
+
+def apply_delay(codes: np.ndarray, pad_code: int) -> np.ndarray:
+    """(T, n_vq) frames → (T + n_vq − 1, n_vq) rows, codebook k shifted down by k rows."""
+    frames, n_vq = codes.shape
+    rows = np.full((frames + n_vq - 1, n_vq), pad_code, dtype=np.int64)
+    for k in range(n_vq):
+        rows[k : k + frames, k] = codes[:, k]
+    return rows
+
+
+def undo_delay(rows: np.ndarray, pad_code: int) -> np.ndarray:
+    """(R, n_vq) delayed rows → (R − n_vq + 1, n_vq) frames: codebook k read k rows later."""
+    count, n_vq = rows.shape
+    frames = count - n_vq + 1
+    if frames <= 0:
+        return np.empty((0, n_vq), dtype=np.int64)
+    codes = np.empty((frames, n_vq), dtype=np.int64)
+    for k in range(n_vq):
+        codes[:, k] = rows[k : k + frames, k]
+    return codes
+
+
+def split_segments(codes: np.ndarray, pad_code: int) -> list[np.ndarray]:
+    """Drop all-pad frames and split what is left into runs of consecutive frames."""
+    keep = np.flatnonzero(~np.all(codes == pad_code, axis=1))
+    if keep.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(keep) != 1) + 1
+    return [codes[run] for run in np.split(keep, breaks)]
+
+
+@dataclass
+class DelayState:
+    audio_length: int = 0
+    delayed_length: int | None = None  # None: no delay slot emitted yet (∞)
+    is_audio: bool = False
+    is_stopping: bool = False
+    time_step: int = 0
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What the next step needs: a forced text id or a sampling mode, and which codebooks."""
+
+    forced_text: int | None
+    audio_start: int  # codebooks [audio_start, audio_stop) are sampled
+    audio_stop: int
+
+    @property
+    def needs_audio(self) -> bool:
+        return self.audio_stop > self.audio_start
+
+
+class DelayMachine:
+    """Batch-1 delay-pattern generation, one row per `step`."""
+
+    def __init__(self, info: ModelInfo, prompt_rows: np.ndarray):
+        self.info = info
+        self.n_vq = info.n_vq
+        self.pad = info.audio_pad_code
+        text = prompt_rows[:, 0]
+        self.state = DelayState()
+        # a prompt ending in audio-start (or a gen slot) continues inside audio:
+        # audio_length counts the rows since the last audio-start, that row included
+        if text.size and int(text[-1]) in (
+            info.audio_start_token_id,
+            info.audio_assistant_gen_slot_token_id,
+        ):
+            starts = np.flatnonzero(text == info.audio_start_token_id)
+            if starts.size:
+                self.state.audio_length = int(text.size - starts[-1])
+                self.state.is_audio = True
+        # per-codebook history for the repetition penalty: the prompt's codes included
+        self.seen = np.zeros((self.n_vq, info.audio_rows), dtype=bool)
+        audio = prompt_rows[:, 1:]
+        for k in range(self.n_vq):
+            self.seen[k, np.unique(audio[:, k])] = True
+        self._banned_outside = np.array(
+            [
+                info.pad_token_id,
+                info.audio_assistant_gen_slot_token_id,
+                info.audio_assistant_delay_slot_token_id,
+                info.audio_end_token_id,
+            ],
+            dtype=np.int64,
+        )
+
+    @property
+    def done(self) -> bool:
+        return self.state.is_stopping
+
+    def plan(self) -> StepPlan:
+        st = self.state
+        forced = None
+        if st.delayed_length is not None and st.delayed_length < self.n_vq:
+            forced = self.info.audio_assistant_delay_slot_token_id
+        elif st.delayed_length == self.n_vq:
+            forced = self.info.audio_end_token_id
+        start = 0 if st.delayed_length is None else st.delayed_length
+        stop = min(st.audio_length, self.n_vq)
+        return StepPlan(forced, start, max(start, stop))
+
+    def choose_text(self, logits: np.ndarray, sampler: Sampler, plan: StepPlan) -> int:
+        """The text id of this step; `logits` may be a view of the backbone's buffer."""
+        if plan.forced_text is not None:
+            return plan.forced_text
+        info, st = self.info, self.state
+        gen, delay = (
+            info.audio_assistant_gen_slot_token_id,
+            info.audio_assistant_delay_slot_token_id,
+        )
+        if st.is_audio:
+            # inside audio only gen-slot / delay-slot are allowed: sampling over these
+            # two values equals sampling the full vector with everything else at -inf
+            if st.time_step == 0:
+                return gen  # delay-slot is forbidden at step 0: one candidate left
+            pair = np.array([logits[gen], logits[delay]], dtype=np.float32)
+            return (gen, delay)[sampler.text(pair)]
+        masked = np.array(logits, dtype=np.float32, copy=True)
+        masked[self._banned_outside] = -np.inf
+        if st.time_step == 0:
+            masked[delay] = -np.inf
+        if st.time_step <= self.n_vq:
+            masked[info.im_end_token_id] = -np.inf
+        return sampler.text(masked)
+
+    def choose_audio(self, logits: np.ndarray, sampler: Sampler, plan: StepPlan) -> np.ndarray:
+        """Codes of codebooks plan.audio_start..stop from their (stop − start, V) logits."""
+        logits[:, self.pad] = -np.inf  # the pad code is never sampled
+        seen = self.seen[plan.audio_start : plan.audio_stop]
+        return sampler.audio(logits, seen)
+
+    def advance(self, text: int, codes: np.ndarray | None, plan: StepPlan) -> np.ndarray:
+        """Record this step's choices; returns the row (1 + n_vq,) fed back to the model."""
+        info, st = self.info, self.state
+        row = np.full(1 + self.n_vq, self.pad, dtype=np.int64)
+        row[0] = text
+        if codes is not None and plan.needs_audio:
+            row[1 + plan.audio_start : 1 + plan.audio_stop] = codes
+            self.seen[np.arange(plan.audio_start, plan.audio_stop), codes] = True
+        gen, delay = (
+            info.audio_assistant_gen_slot_token_id,
+            info.audio_assistant_delay_slot_token_id,
+        )
+        if text == info.audio_start_token_id:
+            st.is_audio = True
+        if text in (info.audio_start_token_id, gen, delay):
+            st.audio_length += 1
+        if text == info.audio_end_token_id:
+            st.audio_length = 0
+            st.is_audio = False
+        if st.delayed_length is None and text == delay:
+            st.delayed_length = 0
+        if st.delayed_length is not None:
+            st.delayed_length += 1
+            if st.delayed_length > self.n_vq:
+                st.delayed_length = None
+        if text == info.im_end_token_id:
+            st.is_stopping = True
+        st.time_step += 1
+        return row
+
+    def step(
+        self,
+        text_logits: np.ndarray,
+        audio_logits: Callable[[int, int], np.ndarray] | np.ndarray,
+        sampler: Sampler,
+    ) -> np.ndarray:
+        """One whole step. `audio_logits(start, stop)` gives those codebooks' logits
+        (or pass the full (n_vq, V) array); it is only called when codes are sampled."""
+        plan = self.plan()
+        text = self.choose_text(text_logits, sampler, plan)
+        codes = None
+        if plan.needs_audio:
+            if callable(audio_logits):
+                rows = audio_logits(plan.audio_start, plan.audio_stop)
+            else:
+                rows = np.array(audio_logits[plan.audio_start : plan.audio_stop], dtype=np.float32)
+            codes = self.choose_audio(rows, sampler, plan)
+        return self.advance(text, codes, plan)
+
+
+def generated_segments(rows: np.ndarray, info: ModelInfo) -> list[np.ndarray]:
+    """Generated rows (G, 1 + n_vq) → the audio segments, each (T, n_vq) frames."""
+    if rows.shape[0] == 0:
+        return []
+    return split_segments(undo_delay(rows[:, 1:], info.audio_pad_code), info.audio_pad_code)

@@ -1,0 +1,239 @@
+"""Audio heads: one stacked (n_vq × audio_rows) × hidden matrix, applied to the hidden state.
+
+Per generation step the whole stack is read once (32 × 1025 × 4096 on the real
+model), so the step cost is memory bandwidth: 537 MB as float32, 268 MB as float16.
+NumPy has no fast float16 matrix-vector product (it is ~20× slower than float32
+BLAS), so two backends:
+
+- ``numpy``: float32 stack, BLAS sgemv. Always available.
+- ``ggml``: float16 stack in a ggml context of the libggml that llama-cpp-python
+  ships, multiplied by ggml's CPU kernels (F16C/AVX2): half the bytes per step.
+  Reached through ctypes; no compilation.
+
+``auto`` takes ggml when its libraries load and falls back to numpy otherwise.
+The pad code's column is set to −inf, so it is never sampled.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError
+from .embeddings import open_table
+
+log = logging.getLogger(__name__)
+
+HEAD_NAME = "lm_head_audio_{:02d}.npy"
+
+
+def head_shape(lm_head_dir: Path) -> tuple[int, int]:
+    """(rows, hidden) of the first audio head."""
+    return tuple(open_table(Path(lm_head_dir) / HEAD_NAME.format(0)).shape)  # type: ignore[return-value]
+
+
+def fill_stacked(lm_head_dir: Path, n_vq: int, audio_rows: int, out: np.ndarray) -> None:
+    """Copy the n_vq audio heads into OUT (n_vq * audio_rows, hidden), casting to its dtype."""
+    lm_head_dir = Path(lm_head_dir)
+    hidden = out.shape[1]
+    for k in range(n_vq):
+        path = lm_head_dir / HEAD_NAME.format(k)
+        table = open_table(path)
+        if table.shape != (audio_rows, hidden):
+            raise InputError(
+                f"audio head {k} has shape {table.shape}, expected ({audio_rows}, {hidden})",
+                path=path,
+            )
+        block = out[k * audio_rows : (k + 1) * audio_rows]
+        block[...] = table
+        if not np.all(np.isfinite(block)):
+            raise InputError("the audio head holds inf/NaN values", path=path)
+
+
+def load_stacked(lm_head_dir: Path, n_vq: int, audio_rows: int, dtype) -> np.ndarray:
+    """The n_vq audio heads as one (n_vq * audio_rows, hidden) array of DTYPE."""
+    _, hidden = head_shape(lm_head_dir)
+    stacked = np.empty((n_vq * audio_rows, hidden), dtype=dtype)
+    fill_stacked(lm_head_dir, n_vq, audio_rows, stacked)
+    return stacked
+
+
+class AudioHeads:
+    """audio logits (stop − start, audio_rows) for codebooks [start, stop) of a hidden state."""
+
+    def __init__(
+        self,
+        lm_head_dir: Path,
+        n_vq: int,
+        audio_rows: int,
+        pad_code: int,
+        backend: str = "auto",
+        n_threads: int = 0,
+    ):
+        self.n_vq = n_vq
+        self.rows = audio_rows
+        self.pad = pad_code
+        self._ggml: _GgmlMatVec | None = None
+        if backend in ("auto", "ggml", "torch"):
+            if backend == "torch":
+                log.info("heads_backend torch is not available here; using ggml/numpy")
+            try:
+                _, hidden = head_shape(lm_head_dir)
+                # memory-bound: one thread nearly saturates a memory channel, and a
+                # thread that shares its core with another process stalls the rest
+                threads = max(1, (n_threads or os.cpu_count() or 1) // 2)
+                ggml = _GgmlMatVec(n_vq * audio_rows, hidden, threads)
+                try:  # straight into ggml's buffer: no second copy of the stack
+                    fill_stacked(lm_head_dir, n_vq, audio_rows, ggml.weights)
+                except BaseException:
+                    ggml.close()
+                    raise
+                self._ggml = ggml
+            except _GgmlUnavailable as exc:
+                if backend == "ggml":
+                    log.warning("ggml heads unavailable (%s); using numpy float32", exc)
+                else:
+                    log.debug("ggml heads unavailable (%s); using numpy float32", exc)
+        if self._ggml is None:
+            self._stacked = load_stacked(lm_head_dir, n_vq, audio_rows, np.float32)
+            self.hidden = int(self._stacked.shape[1])
+            self._out = np.empty(n_vq * audio_rows, dtype=np.float32)
+            self.backend = "numpy"
+        else:
+            self.hidden = self._ggml.cols
+            self.backend = "ggml"
+
+    def logits(self, hidden: np.ndarray, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Float32 logits, pad column −inf. The array is reused by the next call."""
+        stop = self.n_vq if stop is None else stop
+        if self._ggml is not None:
+            flat = self._ggml(hidden)
+            out = flat.reshape(self.n_vq, self.rows)[start:stop]
+        else:
+            lo, hi = start * self.rows, stop * self.rows
+            np.matmul(self._stacked[lo:hi], hidden, out=self._out[lo:hi])
+            out = self._out[lo:hi].reshape(stop - start, self.rows)
+        out[:, self.pad] = -np.inf
+        return out
+
+    def close(self) -> None:
+        if self._ggml is not None:
+            self._ggml.close()
+            self._ggml = None
+
+
+# ---------------------------------------------------------------- ggml via ctypes
+
+
+class _GgmlUnavailable(Exception):
+    pass
+
+
+class _InitParams(ctypes.Structure):
+    _fields_ = [
+        ("mem_size", ctypes.c_size_t),
+        ("mem_buffer", ctypes.c_void_p),
+        ("no_alloc", ctypes.c_bool),
+    ]
+
+
+_GGML_TYPE_F32 = 0
+_GGML_TYPE_F16 = 1
+_libs: tuple[ctypes.CDLL, ctypes.CDLL] | None = None
+
+
+def _load_ggml() -> tuple[ctypes.CDLL, ctypes.CDLL]:
+    global _libs
+    if _libs is not None:
+        return _libs
+    try:
+        import llama_cpp  # noqa: F401 - loads libggml the way llama-cpp-python does
+    except Exception as exc:  # noqa: BLE001 - any import failure means: not available
+        raise _GgmlUnavailable(f"llama_cpp does not import: {exc}") from exc
+    libdir = Path(llama_cpp.__file__).parent / "lib"
+    try:
+        base = ctypes.CDLL(str(libdir / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
+        cpu = ctypes.CDLL(str(libdir / "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
+        vp = ctypes.c_void_p
+        base.ggml_init.argtypes = [_InitParams]
+        base.ggml_init.restype = vp
+        base.ggml_free.argtypes = [vp]
+        base.ggml_free.restype = None
+        base.ggml_new_tensor_2d.argtypes = [vp, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+        base.ggml_new_tensor_2d.restype = vp
+        base.ggml_mul_mat.argtypes = [vp, vp, vp]
+        base.ggml_mul_mat.restype = vp
+        base.ggml_new_graph.argtypes = [vp]
+        base.ggml_new_graph.restype = vp
+        base.ggml_build_forward_expand.argtypes = [vp, vp]
+        base.ggml_build_forward_expand.restype = None
+        base.ggml_get_data.argtypes = [vp]
+        base.ggml_get_data.restype = vp
+        base.ggml_graph_overhead.argtypes = []
+        base.ggml_graph_overhead.restype = ctypes.c_size_t
+        base.ggml_tensor_overhead.argtypes = []
+        base.ggml_tensor_overhead.restype = ctypes.c_size_t
+        cpu.ggml_cpu_init.argtypes = []
+        cpu.ggml_cpu_init.restype = None
+        cpu.ggml_cpu_has_f16c.argtypes = []
+        cpu.ggml_cpu_has_f16c.restype = ctypes.c_int
+        cpu.ggml_graph_compute_with_ctx.argtypes = [vp, vp, ctypes.c_int]
+        cpu.ggml_graph_compute_with_ctx.restype = ctypes.c_int
+    except (OSError, AttributeError) as exc:
+        raise _GgmlUnavailable(f"libggml not usable in {libdir}: {exc}") from exc
+    cpu.ggml_cpu_init()
+    _libs = (base, cpu)
+    return _libs
+
+
+class _GgmlMatVec:
+    """y = W @ x with W float16 (rows × cols) held by ggml, x and y float32.
+
+    Fill `weights` (a float16 view of ggml's buffer) before the first call."""
+
+    def __init__(self, rows: int, cols: int, n_threads: int):
+        base, cpu = _load_ggml()
+        if cols % 32:  # ggml's f16 dot kernels want whole blocks; fall back instead
+            raise _GgmlUnavailable(f"hidden size {cols} is not a multiple of 32")
+        self._base, self._cpu = base, cpu
+        self.rows, self.cols, self.threads = rows, cols, n_threads
+        work = cols * 2 * 64 + (1 << 20)  # the f16 copy of x, plus slack
+        size = rows * cols * 2 + (cols + rows) * 4 + 8 * base.ggml_tensor_overhead()
+        size += base.ggml_graph_overhead() + work
+        self._ctx = base.ggml_init(_InitParams(size, None, False))
+        if not self._ctx:
+            raise _GgmlUnavailable("ggml_init failed (out of memory?)")
+        w = base.ggml_new_tensor_2d(self._ctx, _GGML_TYPE_F16, cols, rows)
+        x = base.ggml_new_tensor_2d(self._ctx, _GGML_TYPE_F32, cols, 1)
+        y = base.ggml_mul_mat(self._ctx, w, x)
+        self._graph = base.ggml_new_graph(self._ctx)
+        base.ggml_build_forward_expand(self._graph, y)
+        buffer = (ctypes.c_uint16 * (rows * cols)).from_address(base.ggml_get_data(w))
+        self.weights = np.frombuffer(buffer, dtype=np.float16).reshape(rows, cols)
+        self._x = np.ctypeslib.as_array((ctypes.c_float * cols).from_address(base.ggml_get_data(x)))
+        self._y = np.ctypeslib.as_array((ctypes.c_float * rows).from_address(base.ggml_get_data(y)))
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if self._ctx is None:
+            raise RuntimeError("closed")
+        self._x[:] = x
+        status = self._cpu.ggml_graph_compute_with_ctx(self._ctx, self._graph, self.threads)
+        if status != 0:
+            raise RuntimeError(f"ggml_graph_compute failed with status {status}")
+        return self._y
+
+    def close(self) -> None:
+        if self._ctx is not None:
+            self._base.ggml_free(self._ctx)
+            self._ctx = None
+            self._x = self._y = self.weights = None  # type: ignore[assignment]
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown may have unloaded ctypes
+            pass

@@ -1,0 +1,130 @@
+"""Token sampling: repetition penalty, temperature, top-k, top-p, greedy (DESIGN.md §5).
+
+Order of operations, per row of logits:
+
+1. repetition penalty (Hugging Face convention) on the tokens already seen in that
+   row's history: a positive logit is divided by the penalty, a negative one multiplied;
+2. temperature <= 0 means greedy: argmax, no random draw;
+3. logits / temperature;
+4. top-k (0 = off) keeps the k largest, chosen with argpartition (no full sort);
+5. top-p (1.0 = off) keeps, in decreasing probability, every token whose preceding
+   cumulative probability is still below p — so the token that crosses p is kept;
+6. one uniform draw per row from the seeded `numpy.random.Generator`.
+
+Candidates are ordered by (logit descending, id ascending) before the draw, so the
+same seed and logits always pick the same token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import NumericError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+
+def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> None:
+    """In place: logits[seen] / penalty where positive, * penalty otherwise."""
+    if penalty == 1.0:
+        return
+    picked = logits[seen]
+    logits[seen] = np.where(picked > 0, picked / penalty, picked * penalty)
+
+
+def _candidates(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, probabilities) per row after temperature / top-k / top-p, ids sorted by logit.
+
+    logits: (n, V) float32, already penalised. Returns arrays of shape (n, k).
+    """
+    n, vocab = logits.shape
+    k = params.top_k if 0 < params.top_k < vocab else vocab
+    if k < vocab:
+        ids = np.argpartition(logits, vocab - k, axis=1)[:, vocab - k :]
+        ids.sort(axis=1)  # canonical order first, so ties break by id below
+    else:
+        ids = np.broadcast_to(np.arange(vocab), (n, vocab))
+    values = np.take_along_axis(logits, ids, axis=1).astype(np.float64)
+    order = np.argsort(-values, axis=1, kind="stable")
+    ids = np.take_along_axis(ids, order, axis=1)
+    values = np.take_along_axis(values, order, axis=1) / params.temperature
+    top = values[:, :1]
+    if not np.all(np.isfinite(top)):
+        raise NumericError(
+            "every candidate logit is -inf or NaN", hint="the backbone output is broken"
+        )
+    probs = np.exp(values - top)
+    probs /= probs.sum(axis=1, keepdims=True)
+    if params.top_p < 1.0:
+        before = np.cumsum(probs, axis=1) - probs  # mass strictly ahead of each token
+        probs[before >= params.top_p] = 0.0
+    return ids, probs
+
+
+def filter_probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Full-size probabilities after temperature / top-k / top-p (for tests and inspection)."""
+    rows = np.atleast_2d(np.asarray(logits, dtype=np.float32))
+    ids, probs = _candidates(rows, params)
+    probs = probs / probs.sum(axis=1, keepdims=True)
+    out = np.zeros(rows.shape, dtype=np.float64)
+    np.put_along_axis(out, ids, probs, axis=1)
+    return out.reshape(np.shape(logits))
+
+
+def sample_rows(
+    logits: np.ndarray,
+    params: SamplingParams,
+    rng: np.random.Generator,
+    seen: np.ndarray | None = None,
+) -> np.ndarray:
+    """One token per row of (n, V) logits. `seen` (n, V) bool: each row's history.
+
+    The logits are modified in place (penalty); pass a copy to keep them.
+    """
+    if seen is not None:
+        apply_repetition_penalty(logits, seen, params.repetition_penalty)
+    if params.greedy:
+        return np.argmax(logits, axis=1)
+    ids, probs = _candidates(logits, params)
+    cumulative = np.cumsum(probs, axis=1)
+    draws = rng.random(len(ids)) * cumulative[:, -1]
+    picks = np.minimum((cumulative <= draws[:, None]).sum(axis=1), ids.shape[1] - 1)
+    return ids[np.arange(len(ids)), picks]
+
+
+def sample_token(
+    logits: np.ndarray,
+    params: SamplingParams,
+    rng: np.random.Generator,
+    seen: np.ndarray | None = None,
+) -> int:
+    """One token from a 1-D logit vector (modified in place by a penalty)."""
+    rows = logits.reshape(1, -1)
+    return int(sample_rows(rows, params, rng, None if seen is None else seen.reshape(1, -1))[0])
+
+
+class Sampler:
+    """The text and audio sampling settings plus the one seeded generator they share."""
+
+    def __init__(self, text: SamplingParams, audio: SamplingParams, seed: int | None = None):
+        self.text_params = text
+        self.audio_params = audio
+        self.rng = np.random.default_rng(seed)
+
+    def text(self, logits: np.ndarray) -> int:
+        return sample_token(logits, self.text_params, self.rng)
+
+    def audio(self, logits: np.ndarray, seen: np.ndarray | None = None) -> np.ndarray:
+        return sample_rows(logits, self.audio_params, self.rng, seen)

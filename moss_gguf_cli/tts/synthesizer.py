@@ -1,0 +1,439 @@
+"""`Synthesizer`: text (+ optional reference voice) → 24 kHz waveform, with a profile.
+
+    from moss_gguf_cli.tts import Synthesizer, SynthConfig
+
+    with Synthesizer(SynthConfig.from_yaml("weights/moss-tts.yaml")) as tts:
+        wav = tts.generate("Hello there.", seed=7)   # float32, 24 kHz
+        print(tts.last_profile)
+
+Per step: summed embeddings of the previous row → backbone (llama.cpp) → hidden
+state and text logits → delay state machine (text id forced or sampled, audio heads
+only when codes are sampled) → next row. Then de-delay, drop pad frames, decode
+each segment with the audio tokenizer and loudness-normalise.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError, OutputError
+from ..progress import ProgressReporter, ensure
+from .backbone import Backbone, BackboneSettings
+from .codec import FRAME_SAMPLES, SAMPLE_RATE, AudioCodec, loudness_normalize, read_reference
+from .config import ModelInfo, SynthConfig, find_model_info
+from .delay import DelayMachine, generated_segments
+from .embeddings import EmbeddingTables
+from .heads import AudioHeads
+from .prompt import PromptFields, build_prompt, load_tokenizer
+from .sampling import Sampler, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SynthProfile:
+    """Where the time of one `generate` went (seconds unless named otherwise)."""
+
+    prompt_rows: int = 0
+    reference_frames: int = 0
+    steps: int = 0
+    frames: int = 0
+    segments: int = 0
+    stopped: bool = False  # the model ended with <|im_end|> (else max_new_tokens/n_ctx)
+    reference_s: float = 0.0
+    prefill_s: float = 0.0
+    embed_s: float = 0.0
+    backbone_s: float = 0.0
+    heads_s: float = 0.0
+    sampling_s: float = 0.0
+    decode_s: float = 0.0
+    total_s: float = 0.0
+    heads_backend: str = ""
+
+    @property
+    def audio_s(self) -> float:
+        return self.frames * FRAME_SAMPLES / SAMPLE_RATE
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prompt_rows / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def steps_per_s(self) -> float:
+        loop = self.embed_s + self.backbone_s + self.heads_s + self.sampling_s
+        return self.steps / loop if loop > 0 else 0.0
+
+    def per_step_ms(self, part: str) -> float:
+        return 1000.0 * getattr(self, f"{part}_s") / self.steps if self.steps else 0.0
+
+    @property
+    def real_time_factor(self) -> float:
+        """Wall time / audio time: below 1 is faster than real time."""
+        return self.total_s / self.audio_s if self.audio_s > 0 else float("inf")
+
+    def as_dict(self) -> dict:
+        return {
+            "prompt_rows": self.prompt_rows,
+            "reference_frames": self.reference_frames,
+            "steps": self.steps,
+            "frames": self.frames,
+            "segments": self.segments,
+            "stopped": self.stopped,
+            "audio_s": round(self.audio_s, 3),
+            "prefill_s": round(self.prefill_s, 4),
+            "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 1),
+            "steps_per_s": round(self.steps_per_s, 2),
+            "step_ms": {
+                part: round(self.per_step_ms(part), 3)
+                for part in ("backbone", "heads", "sampling", "embed")
+            },
+            "decode_s": round(self.decode_s, 4),
+            "total_s": round(self.total_s, 4),
+            "real_time_factor": round(self.real_time_factor, 3),
+            "heads_backend": self.heads_backend,
+        }
+
+
+@dataclass
+class SynthResult:
+    waveform: np.ndarray
+    codes: list[np.ndarray] = field(default_factory=list)  # per segment, (T, n_vq)
+    rows: np.ndarray | None = None  # every generated row (G, 1 + n_vq)
+    profile: SynthProfile = field(default_factory=SynthProfile)
+    output: Path | None = None  # the WAV, when written by `synth_to_wav`
+
+
+class Synthesizer:
+    """Loads the weights once; `generate` as often as wanted. Close it (or use `with`)."""
+
+    def __init__(self, config: SynthConfig):
+        config.check_files()
+        self.config = config
+        self.info: ModelInfo = find_model_info(config)
+        self.info.refuse_unsupported()
+        info = self.info
+        self.tokenizer = load_tokenizer(config.tokenizer_dir)
+        self.embeddings = EmbeddingTables(config.embedding_dir, info.n_vq, info.audio_rows)
+        self.heads = AudioHeads(
+            config.lm_head_dir,
+            info.n_vq,
+            info.audio_rows,
+            info.audio_pad_code,
+            backend=config.heads_backend,
+            n_threads=config.n_threads,
+        )
+        self.backbone: Backbone | None = None
+        self.codec: AudioCodec | None = None
+        try:
+            if self.heads.hidden != self.embeddings.hidden:
+                raise InputError(
+                    f"audio heads have hidden size {self.heads.hidden}, embeddings "
+                    f"{self.embeddings.hidden}",
+                    path=config.lm_head_dir,
+                )
+            self.codec = AudioCodec(
+                config.audio_decoder_onnx,
+                config.audio_encoder_onnx,
+                n_vq=info.n_vq,
+                use_gpu=config.use_gpu_audio,
+                n_threads=config.n_threads,
+            )
+            self.backbone = Backbone(
+                config.backbone_gguf,
+                BackboneSettings(
+                    n_ctx=config.n_ctx,
+                    n_batch=config.n_batch,
+                    n_threads=config.n_threads,
+                    n_gpu_layers=config.n_gpu_layers,
+                    kv_cache_type_k=config.kv_cache_type_k,
+                    kv_cache_type_v=config.kv_cache_type_v,
+                    flash_attn=config.flash_attn,
+                ),
+            )
+            if self.backbone.n_embd != self.embeddings.hidden:
+                raise InputError(
+                    f"the backbone's hidden size {self.backbone.n_embd} differs from the "
+                    f"embedding tables' {self.embeddings.hidden}",
+                    path=config.backbone_gguf,
+                    hint="backbone_gguf and embedding_dir come from different models",
+                )
+        except BaseException:
+            self.close()
+            raise
+        self.last_profile: SynthProfile | None = None
+        self.last_result: SynthResult | None = None
+
+    # -- lifetime
+
+    def close(self) -> None:
+        if self.backbone is not None:
+            self.backbone.close()
+            self.backbone = None
+        if getattr(self, "heads", None) is not None:
+            self.heads.close()
+
+    def __enter__(self) -> Synthesizer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- work
+
+    def encode_reference(self, reference: str | Path | np.ndarray) -> np.ndarray:
+        """A path (any soundfile format) or a 24 kHz mono array → codes (T, n_vq)."""
+        assert self.codec is not None
+        if isinstance(reference, (str, Path)):
+            wav = read_reference(Path(reference))
+        else:
+            wav = loudness_normalize(np.asarray(reference, dtype=np.float32).reshape(-1))
+        return self.codec.encode(wav)
+
+    def generate(
+        self,
+        text: str,
+        reference: str | Path | np.ndarray | None = None,
+        instruction: str | None = None,
+        tokens: int | None = None,
+        quality: str | None = None,
+        sound_event: str | None = None,
+        ambient_sound: str | None = None,
+        language: str | None = None,
+        max_new_tokens: int | None = None,
+        seed: int | None = None,
+        reference_codes: np.ndarray | None = None,
+        progress: ProgressReporter | None = None,
+    ) -> np.ndarray:
+        """The waveform (float32, 24 kHz, loudness-normalised) for TEXT."""
+        result = self.synthesize(
+            text,
+            reference=reference,
+            instruction=instruction,
+            tokens=tokens,
+            quality=quality,
+            sound_event=sound_event,
+            ambient_sound=ambient_sound,
+            language=language,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+            reference_codes=reference_codes,
+            progress=progress,
+        )
+        return result.waveform
+
+    def synthesize(
+        self,
+        text: str,
+        reference: str | Path | np.ndarray | None = None,
+        instruction: str | None = None,
+        tokens: int | None = None,
+        quality: str | None = None,
+        sound_event: str | None = None,
+        ambient_sound: str | None = None,
+        language: str | None = None,
+        max_new_tokens: int | None = None,
+        seed: int | None = None,
+        reference_codes: np.ndarray | None = None,
+        progress: ProgressReporter | None = None,
+    ) -> SynthResult:
+        """Like `generate`, returning the codes, rows and profile too."""
+        if self.backbone is None or self.codec is None:
+            raise InputError("the synthesizer is closed")
+        progress = ensure(progress)
+        cfg, info = self.config, self.info
+        profile = SynthProfile(heads_backend=self.heads.backend)
+        t_start = time.perf_counter()
+
+        fields = PromptFields(
+            text=text,
+            instruction=instruction,
+            tokens=tokens,
+            quality=quality,
+            sound_event=sound_event,
+            ambient_sound=ambient_sound,
+            language=language,
+        )
+        if reference is not None and reference_codes is None:
+            t0 = time.perf_counter()
+            reference_codes = self.encode_reference(reference)
+            profile.reference_s = time.perf_counter() - t0
+        prompt = build_prompt(self.tokenizer, info, fields, reference_codes)
+        rows_in = prompt.rows.shape[0]
+        profile.prompt_rows, profile.reference_frames = rows_in, prompt.reference_frames
+        backbone = self.backbone
+        if rows_in >= backbone.n_ctx:
+            raise InputError(
+                f"the prompt is {rows_in} rows but n_ctx is {backbone.n_ctx}",
+                hint="raise n_ctx in the config, or shorten the text / reference",
+            )
+        self.embeddings.check_ids(prompt.rows)
+        budget = cfg.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+        if budget < 1:
+            raise InputError(f"max_new_tokens must be at least 1, got {budget}")
+        steps_allowed = min(budget, backbone.n_ctx - rows_in)
+        if steps_allowed < budget:
+            log.warning(
+                "n_ctx %d leaves room for %d of the %d new tokens",
+                backbone.n_ctx,
+                steps_allowed,
+                budget,
+            )
+
+        sampler = Sampler(
+            SamplingParams(cfg.text_temperature, cfg.text_top_p, cfg.text_top_k),
+            SamplingParams(
+                cfg.audio_temperature,
+                cfg.audio_top_p,
+                cfg.audio_top_k,
+                cfg.audio_repetition_penalty,
+            ),
+            seed=seed,
+        )
+        machine = DelayMachine(info, prompt.rows)
+        generated = np.empty((steps_allowed, 1 + info.n_vq), dtype=np.int64)
+        embed = np.empty(self.embeddings.hidden, dtype=np.float32)
+
+        backbone.reset()
+        t0 = time.perf_counter()
+        hidden, logits = backbone.prefill(self.embeddings.sum_rows(prompt.rows))
+        profile.prefill_s = time.perf_counter() - t0
+
+        progress.start("synth", "generating", total=steps_allowed, unit="steps")
+        count = 0
+        frames = 0
+        clock = time.perf_counter
+        try:
+            for count in range(1, steps_allowed + 1):
+                t0 = clock()
+                plan = machine.plan()
+                text_id = machine.choose_text(logits, sampler, plan)
+                codes = None
+                t_heads = 0.0
+                if plan.needs_audio:
+                    t1 = clock()
+                    audio_logits = self.heads.logits(hidden, plan.audio_start, plan.audio_stop)
+                    t_heads = clock() - t1
+                    codes = machine.choose_audio(audio_logits, sampler, plan)
+                row = machine.advance(text_id, codes, plan)
+                generated[count - 1] = row
+                t1 = clock()
+                profile.heads_s += t_heads
+                profile.sampling_s += t1 - t0 - t_heads
+                if plan.audio_start == 0 and plan.audio_stop > 0:
+                    frames += 1  # codebook 0 sampled: a new frame begins
+                progress.advance(
+                    "synth",
+                    1,
+                    description=f"generating: {frames} frames, "
+                    f"{frames * FRAME_SAMPLES / SAMPLE_RATE:.2f} s of audio",
+                )
+                if machine.done or count == steps_allowed:
+                    break
+                self.embeddings.sum_row(row, embed)
+                t2 = clock()
+                hidden, logits = backbone.step(embed)
+                t3 = clock()
+                profile.embed_s += t2 - t1
+                profile.backbone_s += t3 - t2
+        finally:
+            progress.finish("synth")
+        profile.steps = count
+        profile.stopped = machine.done
+        rows = generated[:count]
+
+        segments = _complete_frames(generated_segments(rows, info), info.audio_pad_code)
+        if not segments:
+            raise OutputError(
+                f"the model produced no complete audio frame in {count} steps",
+                hint="raise --max-new-tokens or try another --seed",
+            )
+        t0 = time.perf_counter()
+        progress.start("decode", "decoding audio", total=len(segments), unit="segments")
+        pieces = []
+        for segment in segments:
+            pieces.append(self.codec.decode(segment))
+            progress.advance("decode", 1)
+        progress.finish("decode")
+        waveform = loudness_normalize(np.concatenate(pieces))
+        profile.decode_s = time.perf_counter() - t0
+        profile.frames = int(sum(s.shape[0] for s in segments))
+        profile.segments = len(segments)
+        profile.total_s = time.perf_counter() - t_start
+        result = SynthResult(waveform=waveform, codes=segments, rows=rows, profile=profile)
+        self.last_profile, self.last_result = profile, result
+        return result
+
+
+def _complete_frames(segments: list[np.ndarray], pad: int) -> list[np.ndarray]:
+    """Frames still holding a pad code (cut off by max_new_tokens) cannot be decoded."""
+    out = []
+    for segment in segments:
+        whole = segment[~np.any(segment == pad, axis=1)]
+        if whole.shape[0] < segment.shape[0]:
+            log.debug("dropped %d incomplete frame(s)", segment.shape[0] - whole.shape[0])
+        if whole.shape[0]:
+            out.append(whole)
+    return out
+
+
+def write_wav(path: Path, waveform: np.ndarray, sample_rate: int = SAMPLE_RATE) -> Path:
+    """16-bit PCM WAV, written to a temporary name and renamed when complete."""
+    import soundfile as sf
+
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise OutputError("the output folder does not exist", path=path.parent)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        clipped = np.clip(np.asarray(waveform, dtype=np.float32), -1.0, 1.0)
+        sf.write(str(tmp), clipped, sample_rate, subtype="PCM_16", format="WAV")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def synth_to_wav(
+    config: SynthConfig,
+    output: Path,
+    text: str,
+    reference: str | Path | None = None,
+    instruction: str | None = None,
+    tokens: int | None = None,
+    quality: str | None = None,
+    language: str | None = None,
+    max_new_tokens: int | None = None,
+    seed: int | None = None,
+    progress: ProgressReporter | None = None,
+) -> SynthResult:
+    """Load, speak TEXT once and write OUTPUT (24 kHz WAV): what `moss-gguf synth` does."""
+    output = Path(output)
+    if output.is_dir():
+        raise OutputError("the output is a folder", path=output, hint="name a .wav file")
+    if not output.parent.is_dir():
+        raise OutputError("the output folder does not exist", path=output.parent)
+    # cheap checks before minutes of loading on the real model
+    if not isinstance(text, str) or not text.strip():
+        raise InputError("the text to speak is empty", hint="pass --text or --text-file")
+    if reference is not None and not Path(reference).is_file():
+        raise InputError("reference audio not found", path=reference)
+    with Synthesizer(config) as tts:
+        result = tts.synthesize(
+            text,
+            reference=reference,
+            instruction=instruction,
+            tokens=tokens,
+            quality=quality,
+            language=language,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+            progress=progress,
+        )
+    result.output = write_wav(output, result.waveform)
+    return result
