@@ -160,3 +160,46 @@ def test_synth_config_points_at_real_files(built) -> None:
         config = yaml.safe_load((out / "moss-tts.yaml").read_text())
         for key in ("backbone_gguf", "embedding_dir", "lm_head_dir", "tokenizer_dir"):
             assert (out / config[key]).exists(), (variant, key)
+
+
+@pytest.mark.parametrize("variant", ["tiny-voicegen", "tiny-soundeffect"])
+def test_synth_speaks_with_single_speaker_variants(variant: str, built, tmp_path: Path) -> None:
+    import soundfile as sf
+
+    out, _ = built[variant]
+    wav = tmp_path / "x.wav"
+    proc = cli(
+        "synth",
+        "--config",
+        str(out / "moss-tts.yaml"),
+        "--text",
+        "Hello there",
+        "--output",
+        str(wav),
+        "--max-new-tokens",
+        "60",
+        "--threads",
+        "1",
+        "--seed",
+        "3",
+    )
+    assert proc.returncode == 0, proc.stderr
+    audio, rate = sf.read(wav)
+    assert rate == 24000 and len(audio) % 1920 == 0
+
+
+def test_synth_refuses_ttsd_clearly(built, tmp_path: Path) -> None:
+    out, _ = built["tiny-ttsd"]
+    proc = cli(
+        "synth",
+        "--config",
+        str(out / "moss-tts.yaml"),
+        "--text",
+        "Hello",
+        "--output",
+        str(tmp_path / "x.wav"),
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "TTSD" in lines[0]
+    assert not (tmp_path / "x.wav").exists()
