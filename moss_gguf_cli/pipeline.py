@@ -23,13 +23,13 @@ from .errors import MossGgufError, NumericError, OutputError, UsageError
 from .extract import EMBEDDING_DIR, LM_HEAD_DIR, extract, npy_jobs
 from .layout import MANIFEST_NAME, LayoutMode, expected_tables, layout, read_meta
 from .progress import ProgressReporter, ensure
-from .staging import check_free_space, human_bytes, remove_stale_partials
+from .staging import human_bytes, remove_stale_partials
 
 log = logging.getLogger(__name__)
 
 STEPS = ("extract", "convert", "quantize", "layout", "verify")
 # rough bits per weight of llama.cpp file types, for the disk plan (unknown types: 16)
-_APPROX_BPW = {
+APPROX_BPW = {
     "Q2_K": 3.0,
     "Q3_K_S": 3.5,
     "Q3_K_M": 3.9,
@@ -102,7 +102,7 @@ def plan_bytes(model_dir: Path, settings: AllSettings) -> int:
     backbone_params = sum(int(np.prod(r.shape)) for _, r in ck.backbone_tensors())
     tables = sum(int(np.prod(j.source.shape)) * 2 for j in npy_jobs(ck))
     intermediate = backbone_params * 2
-    quantized = sum(backbone_params * _APPROX_BPW.get(q.upper(), 16) / 8 for q in settings.quants)
+    quantized = sum(backbone_params * APPROX_BPW.get(q.upper(), 16) / 8 for q in settings.quants)
     kept = sum(r.nbytes for _, r in ck.backbone_tensors()) if settings.keep_intermediate else 0
     return int(tables + intermediate + quantized + kept) + (64 << 20)
 
@@ -166,6 +166,7 @@ def run_all(
 ) -> AllResult:
     """Run every step that is not already complete; return what was made and how long it took."""
     from .convert import convert
+    from .doctor import preflight
     from .quantize import Engine, _resolve_engine, output_name, parse_file_type
 
     bar = ensure(progress)
@@ -182,9 +183,20 @@ def run_all(
     names = [g.name for g in ggufs]
 
     # up front: where the model is, which engine quantizes, and whether the disk holds it all
+    layout_done = not settings.force and _layout_complete(output, names)
+    if not layout_done:
+        # doctor's pre-flight before any download: an engine, and a llama.cpp that runs here
+        # (its probe is cached per installed build); the disk follows with the plan's count
+        preflight(
+            needs_quantize=True,
+            needs_runtime=True,
+            output=None,
+            needed_bytes=None,
+            llama_cpp=settings.llama_cpp,
+            engine=settings.engine,
+        )
     model_dir = resolve_model(settings.model, settings.revision, settings.cache_dir, bar)
     engine, _ = _resolve_engine(Engine(settings.engine), settings.llama_cpp)
-    layout_done = not settings.force and _layout_complete(output, names)
     if (
         not layout_done
         and not settings.force
@@ -198,7 +210,13 @@ def run_all(
         )
     if not layout_done and not work.exists():
         needed = plan_bytes(model_dir, settings)
-        check_free_space(output.parent, needed, output)
+        preflight(
+            needs_quantize=False,
+            output=output,
+            needed_bytes=needed,
+            llama_cpp=settings.llama_cpp,
+            engine=settings.engine,
+        )
         log.info("the plan needs about %s of free disk", human_bytes(needed))
     if not layout_done:
         work.mkdir(parents=True, exist_ok=True)

@@ -328,7 +328,7 @@ class QuantizeSettings:
             raise UsageError(f"unknown quantize settings: {', '.join(sorted(unknown))}")
         values = dict(data)
         if "engine" in values:
-            values["engine"] = _engine(values["engine"])
+            values["engine"] = parse_engine(values["engine"])
         for key in ("llama_cpp", "imatrix"):
             if values.get(key) is not None:
                 values[key] = Path(values[key])
@@ -371,7 +371,7 @@ class QuantizeResult:
         return Counter(row.dst_type for row in self.tensors)
 
 
-def _engine(value: Engine | str) -> Engine:
+def parse_engine(value: Engine | str) -> Engine:
     try:
         return Engine(value.value if isinstance(value, Engine) else str(value).lower())
     except ValueError:
@@ -398,7 +398,7 @@ def _command(exe: str, input: Path, output: Path, file_type: str, s: QuantizeSet
     )
 
 
-def _resolve_engine(engine: Engine, llama_cpp: Path | None) -> tuple[Engine, Path | None]:
+def resolve_engine(engine: Engine, llama_cpp: Path | None) -> tuple[Engine, Path | None]:
     if engine is Engine.LIBRARY:
         if not lc.library_available():
             raise ToolError(
@@ -451,7 +451,7 @@ def plan_quantize(
 ) -> tuple[GgufInfo, list[QuantizeJob]]:
     """Check everything that can be checked before work starts; return the jobs."""
     s = settings or QuantizeSettings()
-    engine = _engine(s.engine)
+    engine = parse_engine(s.engine)
     names = [types] if isinstance(types, str) else list(types)
     if not names:
         raise UsageError("no quantization type given", hint="e.g. Q4_K_M")
@@ -517,7 +517,7 @@ def plan_quantize(
     if s.imatrix is not None and not Path(s.imatrix).is_file():
         raise InputError("importance matrix file not found", path=s.imatrix, hint="check --imatrix")
 
-    resolved, exe = _resolve_engine(engine, s.llama_cpp)
+    resolved, exe = resolve_engine(engine, s.llama_cpp)
     # canonical names from here on; the library engine shows the equivalent llama-quantize
     s = replace(s, engine=resolved, token_embedding_type=tok_type, output_tensor_type=out_type)
     exe_name = str(exe) if exe is not None else lc.QUANTIZE_BIN
@@ -556,7 +556,7 @@ def quantize(
     the input.
     """
     settings = QuantizeSettings(
-        engine=_engine(engine),
+        engine=parse_engine(engine),
         llama_cpp=Path(llama_cpp) if llama_cpp is not None else None,
         imatrix=Path(imatrix) if imatrix is not None else None,
         threads=threads,

@@ -63,6 +63,7 @@ def _register() -> None:
     from . import (  # noqa: F401
         all_cmd,
         convert_cmd,
+        doctor_cmd,
         extract_cmd,
         layout_cmd,
         quantize_cmd,

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from ..doctor import preflight, quantize_bytes
 from ..errors import UsageError
 from ..quantize import Engine, QuantizeSettings, parse_file_type, plan_quantize, quantize
 from ..staging import human_bytes
@@ -114,6 +115,18 @@ def quantize_command(
                 typer.echo("# library engine: llama_model_quantize in-process, same as:")
             typer.echo(shlex.join(job.command))
         return
+    # doctor's pre-flight (here, not in core quantize(): library callers get no probe child
+    # or cache writes): engine, llama.cpp runtime when libllama quantizes, the output's disk
+    info, jobs = plan_quantize(
+        input, output, types, output_dir=output_dir, settings=QuantizeSettings(**kw), force=force
+    )
+    preflight(
+        needs_quantize=True,
+        output=jobs[0].output,
+        needed_bytes=quantize_bytes(info.n_elements, [j.file_type for j in jobs]),
+        llama_cpp=llama_cpp,
+        engine=engine,
+    )
     with progress_for(mode) as bar:
         results = quantize(
             input, output, types, output_dir=output_dir, force=force, progress=bar, **kw

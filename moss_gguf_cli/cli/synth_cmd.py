@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from ..doctor import preflight
 from ..errors import InputError, UsageError
 from ..tts import SynthConfig, SynthProfile, synth_to_wav
 from ._options import Quiet, Verbose
@@ -73,6 +74,15 @@ def synth_command(
         n_threads=threads,
     )
     words = _read_text(text, text_file)
+    # the llama.cpp runtime probe (cached once per build) catches a crashing build up front
+    preflight(
+        needs_quantize=False,
+        needs_runtime=True,
+        output=output,
+        needed_bytes=None,
+        llama_cpp=None,
+        engine="auto",
+    )
     with progress_for(mode) as bar:
         result = synth_to_wav(
             settings,
