@@ -167,7 +167,7 @@ def run_all(
     """Run every step that is not already complete; return what was made and how long it took."""
     from .convert import convert
     from .doctor import preflight
-    from .quantize import Engine, _resolve_engine, output_name, parse_file_type
+    from .quantize import Engine, output_name, parse_file_type, resolve_engine
 
     bar = ensure(progress)
     output = Path(settings.output)
@@ -196,7 +196,7 @@ def run_all(
             engine=settings.engine,
         )
     model_dir = resolve_model(settings.model, settings.revision, settings.cache_dir, bar)
-    engine, _ = _resolve_engine(Engine(settings.engine), settings.llama_cpp)
+    engine, _ = resolve_engine(Engine(settings.engine), settings.llama_cpp)
     if (
         not layout_done
         and not settings.force
