@@ -1,0 +1,129 @@
+"""`moss-gguf all` vs the guide's three steps vs the floor, alternated, medians and ratios.
+
+    LLAMA_CPP_DIR=... python benchmarks/all.py [--rounds 3] [--quant Q4_K_M]
+
+- all:   moss-gguf all --model CKPT --output OUT --quant Q4_K_M
+- guide: step 1 extract (moss-gguf extract: the guide's layout), step 2 llama.cpp's
+         convert_hf_to_gguf.py --outtype f16, step 3 llama-quantize f16 → Q4_K_M
+- floor: llama-quantize alone on the f16 GGUF + `cp -r` of the checkpoint
+
+Each run is followed by `sync` inside its timing. Peak RSS is the largest of the run's
+processes; peak extra disk is sampled from the filesystem every 0.1 s during the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from _common import DEFAULT_DIR, real_dims_checkpoint, remove
+
+
+class DiskPeak:
+    """Highest filesystem usage above the starting point while running."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.base = shutil.disk_usage(path).used
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, shutil.disk_usage(self.path).used - self.base)
+            time.sleep(0.1)
+
+    def __enter__(self) -> DiskPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def run(cmd: list[str], env: dict | None = None) -> float:
+    """Run to completion; returns the child's peak RSS in MB."""
+    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}")
+    return usage.ru_maxrss / 1024
+
+
+def timed(name: str, cmds: list[list[str]], root: Path) -> dict:
+    os.sync()
+    start = time.perf_counter()
+    with DiskPeak(root) as disk:
+        rss = max(run(c) for c in cmds)
+        os.sync()
+    return {"name": name, "wall": time.perf_counter() - start, "rss_mb": rss,
+            "disk_peak_gb": disk.peak / 1e9}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quant", default="Q4_K_M")
+    args = parser.parse_args()
+    tree = Path(os.environ.get("LLAMA_CPP_DIR") or sys.exit("set LLAMA_CPP_DIR (see README)"))
+    quantize_bin = str(tree / "build/bin/llama-quantize")
+    converter = str(tree / "convert_hf_to_gguf.py")
+    moss = shutil.which("moss-gguf") or sys.exit("moss-gguf is not installed")
+    model = real_dims_checkpoint()
+    root = DEFAULT_DIR
+    out_all, ex, f16, q = root / "b-all", root / "b-ex", root / "b-f16.gguf", root / "b-q.gguf"
+    cp_out = root / "b-cp"
+    env_py = {**os.environ, "PYTHONPATH": str(tree / "gguf-py")}
+
+    all_cmd = [[moss, "all", "--model", str(model), "--output", str(out_all), "--quant",
+                args.quant, "-q"]]
+    guide_cmds = [
+        [moss, "extract", "--model", str(model), "--output", str(ex), "-q"],
+        [sys.executable, converter, str(ex / "qwen3_backbone"), "--outfile", str(f16),
+         "--outtype", "f16"],
+        [quantize_bin, str(f16), str(q), args.quant],
+    ]
+    runs = []
+    for _ in range(args.rounds):
+        for p in (out_all, ex, f16, q, cp_out):
+            remove(p)
+        runs.append(timed("all", all_cmd, root))
+        remove(out_all)
+        os.environ["PYTHONPATH"] = env_py["PYTHONPATH"]  # the tree's own gguf-py
+        runs.append(timed("guide", guide_cmds, root))
+        os.environ.pop("PYTHONPATH")
+        remove(q)
+        remove(ex)
+        runs.append(timed("floor", [[quantize_bin, str(f16), str(q), args.quant],
+                                    ["cp", "-r", str(model), str(cp_out)]], root))
+        for p in (q, cp_out):
+            remove(p)
+    for p in (out_all, ex, f16, q, cp_out):
+        remove(p)
+    table = {}
+    for name in ("all", "guide", "floor"):
+        mine = [r for r in runs if r["name"] == name]
+        table[name] = {"wall_median_s": round(statistics.median(r["wall"] for r in mine), 2),
+                       "walls": [round(r["wall"], 2) for r in mine],
+                       "peak_rss_mb": round(max(r["rss_mb"] for r in mine)),
+                       "peak_extra_disk_gb": round(max(r["disk_peak_gb"] for r in mine), 2)}
+    table["all_over_floor"] = round(table["all"]["wall_median_s"]
+                                    / table["floor"]["wall_median_s"], 3)
+    table["all_over_guide"] = round(table["all"]["wall_median_s"]
+                                    / table["guide"]["wall_median_s"], 3)
+    print(json.dumps(table, indent=2))
+
+
+if __name__ == "__main__":
+    main()
