@@ -32,7 +32,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -43,11 +42,12 @@ from . import __version__
 from . import llama_cpp as lc
 from .errors import MossGgufError, OutputError, ToolError
 from .progress import ProgressReporter, ensure
+from .report import FAIL, PASS, WARN, CheckRows
 from .staging import human_bytes
 
 log = logging.getLogger(__name__)
 
-PASS, WARN, FAIL = "pass", "warn", "fail"
+
 GROUPS = ("versions", "engines", "runtime", "gpu", "disk", "hub")
 
 # The fix for a llama.cpp that crashes on this CPU: a build without -march=native.
@@ -141,26 +141,11 @@ class DoctorRow:
 
 
 @dataclass
-class DoctorReport:
+class DoctorReport(CheckRows):
     rows: list[DoctorRow] = field(default_factory=list)
     output: Path | None = None
     seconds: float = 0.0
     probe: ProbeResult | None = None
-
-    @property
-    def ok(self) -> bool:
-        return not any(r.status == FAIL for r in self.rows)
-
-    @property
-    def counts(self) -> dict[str, int]:
-        c = Counter(r.status for r in self.rows)
-        return {s: c.get(s, 0) for s in (PASS, WARN, FAIL)}
-
-    def row(self, name: str) -> DoctorRow | None:
-        return next((r for r in self.rows if r.name == name), None)
-
-    def failures(self) -> list[DoctorRow]:
-        return [r for r in self.rows if r.status == FAIL]
 
     def to_dict(self) -> dict[str, Any]:
         return {

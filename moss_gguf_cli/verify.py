@@ -49,20 +49,15 @@ import numpy as np
 
 from .checkpoint import TOKEN_DEFAULTS, MossCheckpoint, MossConfig, TensorRef, safe_child
 from .errors import InputError, MossGgufError, UsageError
+from .extract import BACKBONE_DIR, EMBEDDING_DIR, LM_HEAD_DIR, META_NAME
+from .layout import MANIFEST_NAME, TOKENIZER_DIR
 from .progress import ProgressReporter, ensure
+from .report import FAIL, PASS, WARN, CheckRows
 
 log = logging.getLogger(__name__)
 
-PASS, WARN, FAIL = "pass", "warn", "fail"
+
 GROUPS = ("files", "tables", "manifest", "gguf", "tokenizer", "cross", "source", "deep")
-META_NAME = "extraction_meta.json"
-MANIFEST_NAME = "manifest.json"
-EMBEDDING_DIR, LM_HEAD_DIR, TOKENIZER_DIR, BACKBONE_DIR = (
-    "embeddings",
-    "lm_heads",
-    "tokenizer",
-    "qwen3_backbone",
-)
 TOKENIZER_REQUIRED = ("tokenizer.json", "tokenizer_config.json")
 YAML_PATH_KEYS = ("backbone_gguf", "embedding_dir", "lm_head_dir", "tokenizer_dir")
 YAML_ONNX_KEYS = ("audio_encoder_onnx", "audio_decoder_onnx")
@@ -269,7 +264,7 @@ class DeepResult:
 
 
 @dataclass
-class VerifyReport:
+class VerifyReport(CheckRows):
     target: Path
     kind: str  # weights | config | extract | gguf
     rows: list[CheckRow] = field(default_factory=list)
@@ -277,21 +272,6 @@ class VerifyReport:
     quality: QualitySummary | None = None
     deep: list[DeepResult] = field(default_factory=list)
     seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return not any(r.status == FAIL for r in self.rows)
-
-    @property
-    def counts(self) -> dict[str, int]:
-        c = Counter(r.status for r in self.rows)
-        return {s: c.get(s, 0) for s in (PASS, WARN, FAIL)}
-
-    def row(self, name: str) -> CheckRow | None:
-        return next((r for r in self.rows if r.name == name), None)
-
-    def failures(self) -> list[CheckRow]:
-        return [r for r in self.rows if r.status == FAIL]
 
     def to_dict(self) -> dict[str, Any]:
         quality = None

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint import TOKEN_DEFAULTS
 from ..errors import InputError, UnsupportedModelError, UsageError
 
 log = logging.getLogger(__name__)
@@ -60,16 +61,7 @@ FLASH_ATTN = ("auto", "enabled", "disabled")
 HEADS_BACKENDS = ("auto", "numpy", "ggml", "torch")
 
 # DESIGN.md §2 defaults, used only when no config beside the tables says otherwise
-DEFAULT_TOKENS = {
-    "pad_token_id": 151643,
-    "im_start_token_id": 151644,
-    "im_end_token_id": 151645,
-    "audio_start_token_id": 151652,
-    "audio_end_token_id": 151653,
-    "audio_user_slot_token_id": 151654,
-    "audio_assistant_gen_slot_token_id": 151656,
-    "audio_assistant_delay_slot_token_id": 151662,
-}
+DEFAULT_TOKENS = TOKEN_DEFAULTS
 
 
 @dataclass
