@@ -1,11 +1,87 @@
-"""`moss-gguf convert` (not built yet)."""
+"""`moss-gguf convert`: the Qwen3 backbone → GGUF (the conversion guide's step 2)."""
 
 from __future__ import annotations
 
-from ..errors import NotBuiltError
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..checkpoint import BUILTIN_PREFIX, resolve_model
+from ..convert import convert
+from ..staging import human_bytes
+from ._options import Force, LlamaCppDir, Quiet, Verbose
+from ._output import OutputMode, info, progress_for, setup_logging
 from .app import command
 
+EXAMPLES = """
+[b]Examples[/b]
 
-@command("convert", help="Not built yet.", add_help_option=True)
-def convert_command() -> None:
-    raise NotBuiltError("'moss-gguf convert' is not built yet in this version")
+  moss-gguf convert extracted --outfile backbone_f16.gguf --outtype f16
+
+  moss-gguf convert extracted/qwen3_backbone -o backbone_q8_0.gguf -t q8_0
+
+  moss-gguf convert /path/to/MOSS-TTS -o backbone_bf16.gguf --outtype bf16
+  [dim](straight from the source checkpoint: no extract step, no copy)[/dim]
+
+  moss-gguf convert extracted -o backbone_f16.gguf --engine llama.cpp
+  [dim](runs convert_hf_to_gguf.py from --llama-cpp DIR or $LLAMA_CPP_DIR)[/dim]
+
+[b]INPUT[/b] is an extracted qwen3_backbone/ folder, a whole extract output folder, a \
+MOSS-TTS checkpoint folder, or builtin:tiny.
+
+[b]Engines[/b]: [i]native[/i] (default) streams the GGUF itself, with the tensors, types \
+and metadata of llama.cpp's converter and without llama.cpp, torch or transformers; \
+[i]llama.cpp[/i] runs DIR/convert_hf_to_gguf.py from --llama-cpp DIR or $LLAMA_CPP_DIR.
+"""
+
+
+@command(
+    "convert",
+    help="Convert the Qwen3 backbone to a GGUF (f16, bf16, f32 or q8_0), as the conversion "
+    "guide's step 2 with llama.cpp's convert_hf_to_gguf.py, or natively.",
+    epilog=EXAMPLES,
+)
+def convert_command(
+    input: Annotated[
+        str,
+        typer.Argument(
+            help="Extracted qwen3_backbone/ folder, extract output folder, MOSS-TTS "
+            "checkpoint folder, or builtin:tiny.",
+            metavar="INPUT",
+            show_default=False,
+        ),
+    ],
+    outfile: Annotated[Path, typer.Option("--outfile", "-o", help="The GGUF file to write.")],
+    outtype: Annotated[
+        str, typer.Option("--outtype", "-t", help="f16, bf16, f32 or q8_0.")
+    ] = "f16",
+    engine: Annotated[
+        str, typer.Option("--engine", help="native (default) or llama.cpp.")
+    ] = "native",
+    llama_cpp: LlamaCppDir = None,
+    force: Force = False,
+    quiet: Quiet = False,
+    verbose: Verbose = False,
+) -> None:
+    mode = OutputMode(quiet=quiet, verbose=verbose)
+    setup_logging(mode)
+    with progress_for(mode) as bar:
+        source = resolve_model(input) if input.startswith(BUILTIN_PREFIX) else Path(input)
+        result = convert(
+            source,
+            outfile,
+            outtype=outtype,
+            engine=engine,
+            llama_cpp=llama_cpp,
+            force=force,
+            progress=bar,
+        )
+    types = ", ".join(f"{n} {name}" for name, n in sorted(result.tensor_types.items()))
+    info(
+        mode,
+        f"converted {result.source_kind} → {result.outtype} GGUF with the {result.engine} "
+        f"engine: {result.n_tensors} tensors ({types}), {human_bytes(result.bytes_written)} "
+        f"in {result.seconds:.1f} s",
+    )
+    typer.echo(str(result.outfile))
