@@ -203,3 +203,14 @@ def test_synth_refuses_ttsd_clearly(built, tmp_path: Path) -> None:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "TTSD" in lines[0]
     assert not (tmp_path / "x.wav").exists()
+
+
+@pytest.mark.parametrize("variant", ["tiny-ttsd", "tiny-voicegen", "tiny-soundeffect"])
+def test_verify_against_the_source(variant: str, built) -> None:
+    out, _ = built[variant]
+    proc = cli("verify", str(out), "--source", f"builtin:{variant}", "--json")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["ok"] is True
+    statuses = {row["status"] for row in report["rows"]}
+    assert "fail" not in statuses
