@@ -179,13 +179,20 @@ def write_npy(job: NpyJob, dest: Path, dtype: str, on_bytes, stop: threading.Eve
     size = len(header) + n * np.dtype(dtype).itemsize
     chunk = min(n, _CHUNK_ELEMS)
     raw = np.empty(chunk, dtype=src_dtype)
-    out = np.empty(chunk, dtype=dtype)
     scratch = np.empty(chunk, dtype=np.uint16)
-    with open(ref.path, "rb", buffering=0) as src, open(dest, "wb", buffering=0) as f:
+    # two output buffers: the next chunk is cast while the previous one is being written
+    outs = [np.empty(chunk, dtype=dtype), np.empty(chunk, dtype=dtype)]
+    pending: list = [None, None]
+    with (
+        open(ref.path, "rb", buffering=0) as src,
+        open(dest, "wb", buffering=0) as f,
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="npy-write") as writer,
+    ):
         preallocate(f, size)
         f.write(header)
         src.seek(ref.offset)
         done = 0
+        k = 0
         while done < n:
             if stop.is_set():
                 raise KeyboardInterrupt
@@ -197,15 +204,25 @@ def write_npy(job: NpyJob, dest: Path, dtype: str, on_bytes, stop: threading.Eve
                     path=ref.path,
                     hint="the file is truncated or corrupt; download it again",
                 )
+            out = outs[k % 2]
+            if pending[k % 2] is not None:
+                pending[k % 2].result()  # its buffer is free again
             _cast_rows(raw[:m], ref.dtype, out[:m])
             if not _fits(raw[:m], ref.dtype, out[:m], scratch[:m]):
                 _raise_nonfinite(ref, raw[:m], dtype)
-            view = memoryview(out[:m]).cast("B")
-            while view:  # a raw write may be partial
-                view = view[f.write(view) :]
+            pending[k % 2] = writer.submit(_write_all, f, memoryview(out[:m]).cast("B"))
             done += m
+            k += 1
             on_bytes(m * src_dtype.itemsize)
+        for job_ in pending:
+            if job_ is not None:
+                job_.result()
     return size
+
+
+def _write_all(f, view: memoryview) -> None:
+    while view:  # a raw write may be partial
+        view = view[f.write(view) :]
 
 
 def _raise_nonfinite(ref: TensorRef, raw: np.ndarray, dtype: str) -> None:
