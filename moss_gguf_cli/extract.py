@@ -18,14 +18,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 
 from . import __version__
 from .checkpoint import MossCheckpoint, TensorRef, open_checkpoint
 from .errors import InputError, NumericError, UsageError
 from .progress import ProgressReporter, ensure
-from .safetensors_io import PlannedTensor, preallocate, write_streaming
+from .safetensors_io import PlannedTensor, write_streaming
+from .sinks import appender
 from .staging import Staging, check_free_space
 
 log = logging.getLogger(__name__)
@@ -151,6 +151,8 @@ def npy_header(shape: tuple[int, ...], dtype: str) -> bytes:
 def _cast_rows(raw: np.ndarray, src_dtype: str, out: np.ndarray) -> None:
     """Cast a block of source values into `out` (float16 or float32), exactly."""
     if src_dtype == "BF16":
+        import ml_dtypes  # imported here: it adds half a second to every CLI start
+
         np.copyto(out, raw.view(ml_dtypes.bfloat16), casting="unsafe")
     else:
         np.copyto(out, raw, casting="unsafe")
@@ -173,56 +175,55 @@ def _fits(raw: np.ndarray, src_dtype: str, out: np.ndarray, scratch: np.ndarray)
 def write_npy(job: NpyJob, dest: Path, dtype: str, on_bytes, stop: threading.Event) -> int:
     """Stream one table to dest as .npy, refusing values the dtype cannot hold."""
     ref = job.source
-    src_dtype = np.dtype(ref.info.storage_dtype)
     n = int(np.prod(ref.shape))
     header = npy_header(ref.shape, dtype)
     size = len(header) + n * np.dtype(dtype).itemsize
-    chunk = min(n, _CHUNK_ELEMS)
-    raw = np.empty(chunk, dtype=src_dtype)
-    scratch = np.empty(chunk, dtype=np.uint16)
-    # two output buffers: the next chunk is cast while the previous one is being written
-    outs = [np.empty(chunk, dtype=dtype), np.empty(chunk, dtype=dtype)]
-    pending: list = [None, None]
-    with (
-        open(ref.path, "rb", buffering=0) as src,
-        open(dest, "wb", buffering=0) as f,
-        ThreadPoolExecutor(max_workers=1, thread_name_prefix="npy-write") as writer,
-    ):
-        preallocate(f, size)
+    with open(ref.path, "rb", buffering=0) as src, open(dest, "wb+") as f:
         f.write(header)
-        src.seek(ref.offset)
-        done = 0
-        k = 0
-        while done < n:
-            if stop.is_set():
-                raise KeyboardInterrupt
-            m = min(chunk, n - done)
-            got = src.readinto(memoryview(raw[:m]).cast("B"))
-            if got != m * src_dtype.itemsize:
-                raise InputError(
-                    f"tensor {ref.name!r} ends early",
-                    path=ref.path,
-                    hint="the file is truncated or corrupt; download it again",
-                )
-            out = outs[k % 2]
-            if pending[k % 2] is not None:
-                pending[k % 2].result()  # its buffer is free again
-            _cast_rows(raw[:m], ref.dtype, out[:m])
-            if not _fits(raw[:m], ref.dtype, out[:m], scratch[:m]):
-                _raise_nonfinite(ref, raw[:m], dtype)
-            pending[k % 2] = writer.submit(_write_all, f, memoryview(out[:m]).cast("B"))
-            done += m
-            k += 1
-            on_bytes(m * src_dtype.itemsize)
-        for job_ in pending:
-            if job_ is not None:
-                job_.result()
+        f.flush()
+        with (
+            appender(f, dest, len(header), size) as sink,
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="npy-write") as writer,
+        ):
+            _stream_cast(ref, src, n, dtype, sink, writer, on_bytes, stop)
     return size
 
 
-def _write_all(f, view: memoryview) -> None:
-    while view:  # a raw write may be partial
-        view = view[f.write(view) :]
+def _stream_cast(
+    ref: TensorRef, src, n: int, dtype: str, sink, writer, on_bytes, stop: threading.Event
+) -> None:
+    """Read, cast and check chunk k+1 while chunk k is being written."""
+    src_dtype = np.dtype(ref.info.storage_dtype)
+    chunk = min(n, _CHUNK_ELEMS)
+    raw = np.empty(chunk, dtype=src_dtype)
+    scratch = np.empty(chunk, dtype=np.uint16)
+    outs = [np.empty(chunk, dtype=dtype), np.empty(chunk, dtype=dtype)]
+    pending: list = [None, None]
+    src.seek(ref.offset)
+    done = k = 0
+    while done < n:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        m = min(chunk, n - done)
+        if src.readinto(memoryview(raw[:m]).cast("B")) != m * src_dtype.itemsize:
+            raise InputError(
+                f"tensor {ref.name!r} ends early",
+                path=ref.path,
+                hint="the file is truncated or corrupt; download it again",
+            )
+        out = outs[k % 2]
+        if pending[k % 2] is not None:
+            pending[k % 2].result()  # that buffer has been written: reuse it
+        _cast_rows(raw[:m], ref.dtype, out[:m])
+        if not _fits(raw[:m], ref.dtype, out[:m], scratch[:m]):
+            _raise_nonfinite(ref, raw[:m], dtype)
+        pending[k % 2] = writer.submit(sink.write, out[:m])
+        done += m
+        k += 1
+        on_bytes(m * src_dtype.itemsize)
+    for job in pending:
+        if job is not None:
+            job.result()
 
 
 def _raise_nonfinite(ref: TensorRef, raw: np.ndarray, dtype: str) -> None:

@@ -8,7 +8,9 @@ the parity tests compare both outputs tensor by tensor and key by key.
 Memory stays bounded: GGUFWriter writes the header, the key/values and the tensor infos
 (for which it needs only shapes, types and sizes); the tensor data is then appended in row
 chunks read with plain file reads (a memory map would count every touched page against the
-process), converted, and padded to the alignment GGUFWriter's offsets assume.
+process), converted, and padded to the alignment GGUFWriter's offsets assume. One thread
+reads and converts while another writes; the output is preallocated and, where the file
+system allows, written with O_DIRECT so gigabytes of output never sit in the page cache.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import queue
 import struct
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ import numpy as np
 
 from .errors import InputError, NumericError, UnsupportedModelError, UsageError
 from .progress import ProgressReporter, ensure
+from .sinks import DIRECT_MIN_BYTES, DirectSink, FileSink, preallocate
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +199,7 @@ def expected_shapes(hp: Qwen3Params) -> dict[str, tuple[int, ...]]:
 class SourceTensor:
     """Where a tensor's bytes lie: a safetensors file, an absolute offset, a storage dtype."""
 
-    name: str  # Hugging Face name (model.* / lm_head.weight)
+    name: str  # its name in the file (language_model.* / lm_heads.0.weight in a MOSS source)
     path: Path
     dtype: str  # safetensors dtype: BF16, F16 or F32
     shape: tuple[int, ...]
@@ -324,7 +327,6 @@ class Vocab:
     toktypes: list[int]
     pre: str
     special: gguf.SpecialVocab
-    normalizer: dict[str, bool] = field(default_factory=dict)
 
 
 class _BackboneSpecialVocab(gguf.SpecialVocab):
@@ -441,23 +443,6 @@ def _add_token_flags(
     return flags
 
 
-def _normalizer_flags(normalizer: dict[str, Any] | None, out: dict[str, bool]) -> None:
-    if not normalizer:
-        return
-    kind = normalizer.get("type")
-    if kind == "Lowercase":
-        out["lowercase"] = True
-    elif kind == "StripAccents":
-        out["strip_accents"] = True
-    elif kind == "BertNormalizer":
-        for key in ("lowercase", "strip_accents"):
-            if key in normalizer:
-                out[key] = normalizer[key]
-    elif kind == "Sequence":
-        for sub in normalizer.get("normalizers", []):
-            _normalizer_flags(sub, out)
-
-
 def read_vocab(tokenizer_dir: Path, config: dict[str, Any], vocab_size: int) -> Vocab:
     """Tokens, token types, pre-tokenizer and special vocab, as llama.cpp writes them."""
     from tokenizers import Tokenizer
@@ -521,13 +506,13 @@ def read_vocab(tokenizer_dir: Path, config: dict[str, Any], vocab_size: int) -> 
             continue
         if text in added_content:
             token = added.get(i)
-            special = text in special_content or (token is not None and token.special)
+            is_special = text in special_content or (token is not None and token.special)
             if token is not None and not token.normalized:
                 # llama.cpp assumes added tokens are pre-normalized: round-trip them
                 ids = tok.encode(text, add_special_tokens=False).ids
                 decoded = tok.decode(ids, skip_special_tokens=False)
                 text = _clean_up_spaces(decoded) if clean_up else decoded
-            if special or _looks_special(text):
+            if is_special or _looks_special(text):
                 toktypes.append(gguf.TokenType.CONTROL)
             else:
                 text = text.replace("\u2581", " ")  # user-defined spaces, pre-normalized
@@ -542,9 +527,7 @@ def read_vocab(tokenizer_dir: Path, config: dict[str, Any], vocab_size: int) -> 
     )
     if not special.merges:
         raise InputError("tokenizer has no BPE merges", path=tj_path)
-    normalizer: dict[str, bool] = {}
-    _normalizer_flags(_state(tok.normalizer), normalizer)
-    return Vocab(tokens, toktypes, pre, special, normalizer)
+    return Vocab(tokens, toktypes, pre, special)
 
 
 # --------------------------------------------------------------------------- writing
@@ -570,7 +553,8 @@ class GGUFPlan:
 
 
 class _Writer(gguf.GGUFWriter):
-    """GGUFWriter packing the big token/merge/type arrays in bulk (same bytes, ~10× faster)."""
+    """GGUFWriter packing the big token/merge/type arrays in bulk: the same bytes, in a third
+    of the time of packing 450k values one by one."""
 
     def _pack_val(self, val, vtype, add_vtype, sub_type=None):  # type: ignore[override]
         fast = (
@@ -627,8 +611,8 @@ def build_writer(plan: GGUFPlan) -> gguf.GGUFWriter:
     w.add_token_list(v.tokens)
     w.add_token_types(v.toktypes)
     v.special.add_to_gguf(w, quiet=True)
-    for key, value in v.normalizer.items():  # newer gguf-py keys, written by name
-        w.add_bool(f"tokenizer.ggml.normalizer.{key}", bool(value))
+    # (the pinned gguf-py also writes normalizer lowercase/strip-accent flags; an NFC
+    # normalizer, the only one accepted above, sets neither)
     for t in plan.tensors:
         # logical shape + a non-uint8 dtype: GGUFWriter takes the shape as is
         w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=t.qtype)
@@ -839,18 +823,29 @@ def write_gguf(path: Path, plan: GGUFPlan, progress: ProgressReporter | None = N
     bar.start("convert:bytes", "convert", plan.source_bytes, "B")
     bar.start("convert:tensors", "tensors", len(plan.tensors), "")
     with open(path, "r+b") as out:
-        out.seek(0, os.SEEK_END)
-        write_tensor_data(
-            out,
-            plan.tensors,
-            alignment,
-            on_tensor=lambda t, finished: bar.advance(
-                "convert:tensors", 1 if finished else 0, description=t.name
-            ),
-            on_bytes=lambda n: bar.advance("convert:bytes", n),
-        )
-        out.flush()
-        size = out.tell()
+        header = out.seek(0, os.SEEK_END)
+        data_start = header + (-header % alignment)
+        size = data_start + sum(t.nbytes + (-t.nbytes % alignment) for t in plan.tensors)
+        direct = None
+        if preallocate(out, size, path) and size - header >= DIRECT_MIN_BYTES:
+            direct = DirectSink.open(Path(path), out, header)
+        sink = direct or FileSink(out)
+        try:
+            write_tensor_data(
+                sink,
+                plan.tensors,
+                alignment,
+                on_tensor=lambda t, finished: bar.advance(
+                    "convert:tensors", 1 if finished else 0, description=t.name
+                ),
+                on_bytes=lambda n: bar.advance("convert:bytes", n),
+            )
+            sink.close()
+        finally:
+            if direct is not None:
+                direct.release()
+        if sink.tell() != size or os.fstat(out.fileno()).st_size != size:
+            raise AssertionError(f"wrote {sink.tell()} bytes, planned {size}")
     bar.finish("convert:tensors")
     bar.finish("convert:bytes")
     return size

@@ -9,14 +9,11 @@ and we write shards by streaming: header first, then each tensor's bytes.
 
 from __future__ import annotations
 
-import errno
 import json
-import os
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 
@@ -211,68 +208,44 @@ def build_header(tensors: Iterable[PlannedTensor], metadata: dict[str, str] | No
     return struct.pack("<Q", len(blob)) + blob
 
 
-def preallocate(f: BinaryIO, size: int) -> None:
-    """Reserve the file's blocks up front: ext4 then writes far faster, and a full disk
-    fails here, before any work, rather than midway."""
-    if hasattr(os, "posix_fallocate") and size > 0:
-        try:
-            os.posix_fallocate(f.fileno(), 0, size)
-        except OSError as exc:
-            if exc.errno == errno.ENOSPC:
-                raise
-            # filesystems without fallocate (some network/FUSE ones) just write normally
-
-
-def copy_range(src: BinaryIO, offset: int, nbytes: int, dst: BinaryIO, on_bytes=None) -> None:
-    """Copy bytes between files in the kernel where possible (no Python-side buffer)."""
-    dst.flush()
-    src_fd, dst_fd = src.fileno(), dst.fileno()
-    remaining = nbytes
-    pos = offset
-    use_kernel = hasattr(os, "copy_file_range")
-    while remaining:
-        step = min(remaining, CHUNK_BYTES)
-        done = 0
-        if use_kernel:
-            try:
-                done = os.copy_file_range(src_fd, dst_fd, step, pos)
-            except OSError:
-                use_kernel = False
-        if not use_kernel:
-            os.lseek(src_fd, pos, os.SEEK_SET)
-            buf = os.read(src_fd, step)
-            done = len(buf)
-            os.write(dst_fd, buf)
-        if done <= 0:
-            raise InputError(
-                f"unexpected end of file after {nbytes - remaining} bytes",
-                path=getattr(src, "name", None),
-                hint=_CORRUPT_HINT,
-            )
-        pos += done
-        remaining -= done
-        if on_bytes:
-            on_bytes(done)
+def copy_into(sink, source: Path, offset: int, nbytes: int, on_bytes=None) -> None:
+    """Append nbytes of source from offset to sink, in chunks through one reused buffer."""
+    buf = bytearray(min(nbytes, CHUNK_BYTES) or 1)
+    view = memoryview(buf)
+    with open(source, "rb", buffering=0) as src:
+        src.seek(offset)
+        left = nbytes
+        while left:
+            got = src.readinto(view[: min(left, len(buf))])
+            if not got:
+                raise InputError(
+                    f"unexpected end of file after {nbytes - left} bytes",
+                    path=source,
+                    hint=_CORRUPT_HINT,
+                )
+            sink.write(view[:got])
+            left -= got
+            if on_bytes:
+                on_bytes(got)
 
 
 def write_streaming(
     path: Path, tensors: list[PlannedTensor], metadata: dict[str, str] | None = None, on_bytes=None
 ) -> int:
     """Write a safetensors file tensor by tensor; returns the bytes written."""
+    from .sinks import appender
+
     header = build_header(tensors, metadata)
-    total = len(header)
-    with open(path, "wb") as out:
-        preallocate(out, len(header) + sum(t.nbytes for t in tensors))
+    size = len(header) + sum(t.nbytes for t in tensors)
+    with open(path, "wb+") as out:
         out.write(header)
-        for t in tensors:
-            if t.array is not None:
-                data = np.ascontiguousarray(t.array)
-                out.write(memoryview(data).cast("B"))
-                if on_bytes:
-                    on_bytes(t.nbytes)
-            else:
-                with open(t.source, "rb") as src:
-                    copy_range(src, t.source_offset, t.nbytes, out, on_bytes)
-            total += t.nbytes
-            out.seek(total)  # the kernel copy moved the fd, not Python's buffered position
-    return total
+        out.flush()
+        with appender(out, path, len(header), size) as sink:
+            for t in tensors:
+                if t.array is not None:
+                    sink.write(np.ascontiguousarray(t.array))
+                    if on_bytes:
+                        on_bytes(t.nbytes)
+                else:
+                    copy_into(sink, t.source, t.source_offset, t.nbytes, on_bytes)
+    return size

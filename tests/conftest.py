@@ -40,3 +40,12 @@ def tiny_f16_gguf(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) ->
     out = tmp_path_factory.mktemp("gguf") / "backbone_f16.gguf"
     convert(tiny_model, out, outtype="f16")
     return out
+
+
+@pytest.fixture(autouse=True)
+def _package_logger_propagates():
+    """CLI runs route the package logger to rich and stop propagation; caplog needs it back."""
+    import logging
+
+    yield
+    logging.getLogger("moss_gguf_cli").propagate = True

@@ -283,6 +283,15 @@ def test_native_from_source_and_backbone_identical(tiny_model, tiny_extracted, n
     assert filecmp.cmp(b.outfile, native["f16"], shallow=False)
 
 
+def test_page_cache_and_direct_writes_agree(tiny_extracted, native, tmp_path, monkeypatch):
+    """Outputs below DIRECT_MIN_BYTES go through the page cache; the bytes are the same."""
+    from moss_gguf_cli import gguf_write
+
+    monkeypatch.setattr(gguf_write, "DIRECT_MIN_BYTES", 1 << 62)
+    out = convert(tiny_extracted, tmp_path / "buffered.gguf", outtype="f16").outfile
+    assert filecmp.cmp(out, native["f16"], shallow=False)
+
+
 def test_llama_cpp_engine_progress_and_cleanup(llama, ggufs: Path) -> None:
     path, rec = llama["f16"]
     assert rec.done["convert:tensors"] == rec.totals["convert:tensors"] == 25
