@@ -190,6 +190,24 @@ def sha256_file(path: Path, chunk: int = 8 << 20) -> str:
     return digest.hexdigest()
 
 
+# sha256 by file identity: a hard link placed by layout is the same inode as the file
+# `all` already hashed in the background, so it is not read again
+_DIGESTS: dict[tuple[int, int, int, int], str] = {}
+
+
+def _identity(path: Path) -> tuple[int, int, int, int]:
+    st = path.stat()
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def sha256_cached(path: Path) -> str:
+    key = _identity(path)
+    digest = _DIGESTS.get(key)
+    if digest is None:
+        digest = _DIGESTS[key] = sha256_file(path)
+    return digest
+
+
 def hash_entries(
     root: Path, rels: list[str], progress: ProgressReporter | None = None
 ) -> list[ManifestEntry]:
@@ -199,7 +217,7 @@ def hash_entries(
     bar.start("hash", "sha256", sum(sizes.values()), "B")
 
     def one(rel: str) -> ManifestEntry:
-        digest = sha256_file(root / rel)
+        digest = sha256_cached(root / rel)
         bar.advance("hash", sizes[rel])
         return ManifestEntry(rel, sizes[rel], digest)
 

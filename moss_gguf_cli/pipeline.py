@@ -13,6 +13,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import numpy as np
 from .checkpoint import open_checkpoint, resolve_model
 from .errors import MossGgufError, NumericError, OutputError, UsageError
 from .extract import EMBEDDING_DIR, LM_HEAD_DIR, extract, npy_jobs
-from .layout import MANIFEST_NAME, LayoutMode, expected_tables, layout, read_meta
+from .layout import MANIFEST_NAME, LayoutMode, expected_tables, layout, read_meta, sha256_cached
 from .progress import ProgressReporter, ensure
 from .staging import human_bytes, remove_stale_partials
 
@@ -239,85 +240,117 @@ def run_all(
         steps.append(StepResult(name, "skipped", 0.0, detail))
         bar.advance("steps", 1)
 
-    # 1. extract: tables, tokenizer and meta (the backbone weights only if kept)
+    # 1. extract: tables, tokenizer and meta (the backbone weights only if kept). It runs in
+    #    the background, mostly waiting on the disk, while convert and quantize use the CPU;
+    #    then it hashes its tables so that layout's manifest need not read them again.
+    extracting = None
     if layout_done or _extract_complete(extracted):
         skipped("extract")
     else:
-        t = step("extract")
+        t_extract = step("extract")
         remove_stale_partials(extracted)
-        r = extract(
-            model_dir,
-            extracted,
-            force=True,
-            source_model=settings.model,
-            backbone_weights=settings.keep_intermediate,
-            progress=bar,
-        )
-        done("extract", t, f"{len(r.npy_files)} tables, {human_bytes(r.bytes_written)}")
 
-    # 2. convert the backbone straight from the source shards
-    wanted = ("f16", "bf16") if settings.outtype == "auto" else (settings.outtype,)
-    intermediate = next(
-        (
-            work / f"backbone_{t}.gguf"
-            for t in wanted
-            if _gguf_complete(work / f"backbone_{t}.gguf")
-        ),
-        None,
-    )
-    quantized = all(_gguf_complete(g, q) for g, q in zip(ggufs, quants, strict=True))
-    if layout_done or quantized or intermediate is not None:
-        skipped("convert")
-    else:
-        t = step("convert")
-        outtype = "f16" if settings.outtype == "auto" else settings.outtype
-        try:
-            r = convert(
+        def extract_and_hash():
+            r = extract(
                 model_dir,
-                work / f"backbone_{outtype}.gguf",
-                outtype=outtype,
+                extracted,
                 force=True,
+                source_model=settings.model,
+                backbone_weights=settings.keep_intermediate,
                 progress=bar,
             )
-        except NumericError as exc:
-            if settings.outtype != "auto":
-                raise
-            notes.append(f"f16 would overflow ({exc.message}); converted to bf16 instead")
-            log.warning(notes[-1])
-            r = convert(
-                model_dir, work / "backbone_bf16.gguf", outtype="bf16", force=True, progress=bar
-            )
-        intermediate = r.outfile
-        done("convert", t, f"{intermediate.name}, {human_bytes(r.bytes_written)}")
+            for path in r.npy_files:
+                sha256_cached(path)
+            return r
 
-    # 3. quantize to every requested type
-    if layout_done:
-        skipped("quantize")
-    else:
-        from .quantize import quantize
+        background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="extract")
+        extracting = background.submit(extract_and_hash)
+        background.shutdown(wait=False)
+        steps.append(StepResult("extract", "done"))  # its time is filled in when it ends
 
-        todo = [(g, q) for g, q in zip(ggufs, quants, strict=True) if not _gguf_complete(g, q)]
-        if not todo:
+    def extract_finished() -> None:
+        nonlocal extracting
+        if extracting is None:
+            return
+        r = extracting.result()
+        extracting = None
+        steps[0].seconds = time.perf_counter() - t_extract
+        steps[0].detail = f"{len(r.npy_files)} tables, {human_bytes(r.bytes_written)}"
+        bar.advance("steps", 1)
+
+    try:
+        # 2. convert the backbone straight from the source shards
+        wanted = ("f16", "bf16") if settings.outtype == "auto" else (settings.outtype,)
+        intermediate = next(
+            (
+                work / f"backbone_{t}.gguf"
+                for t in wanted
+                if _gguf_complete(work / f"backbone_{t}.gguf")
+            ),
+            None,
+        )
+        quantized = all(_gguf_complete(g, q) for g, q in zip(ggufs, quants, strict=True))
+        if layout_done or quantized or intermediate is not None:
+            skipped("convert")
+        else:
+            t = step("convert")
+            outtype = "f16" if settings.outtype == "auto" else settings.outtype
+            try:
+                r = convert(
+                    model_dir,
+                    work / f"backbone_{outtype}.gguf",
+                    outtype=outtype,
+                    force=True,
+                    progress=bar,
+                )
+            except NumericError as exc:
+                if settings.outtype != "auto":
+                    raise
+                notes.append(f"f16 would overflow ({exc.message}); converted to bf16 instead")
+                log.warning(notes[-1])
+                r = convert(
+                    model_dir, work / "backbone_bf16.gguf", outtype="bf16", force=True, progress=bar
+                )
+            intermediate = r.outfile
+            done("convert", t, f"{intermediate.name}, {human_bytes(r.bytes_written)}")
+
+        # 3. quantize to every requested type
+        if layout_done:
             skipped("quantize")
         else:
-            t = step("quantize")
-            results = quantize(
-                intermediate,
-                [g for g, _ in todo],
-                [q for _, q in todo],
-                engine=engine,
-                llama_cpp=settings.llama_cpp,
-                threads=settings.threads,
-                force=True,
-                progress=bar,
-            )
-            fallbacks = sum(len(r.fallbacks) for r in results)
-            done(
-                "quantize",
-                t,
-                ", ".join(f"{r.output.name} {r.bpw:.2f} bpw" for r in results)
-                + (f"; {fallbacks} fallback tensor types" if fallbacks else ""),
-            )
+            from .quantize import quantize
+
+            todo = [(g, q) for g, q in zip(ggufs, quants, strict=True) if not _gguf_complete(g, q)]
+            if not todo:
+                skipped("quantize")
+            else:
+                t = step("quantize")
+                results = quantize(
+                    intermediate,
+                    [g for g, _ in todo],
+                    [q for _, q in todo],
+                    engine=engine,
+                    llama_cpp=settings.llama_cpp,
+                    threads=settings.threads,
+                    force=True,
+                    progress=bar,
+                )
+                fallbacks = sum(len(r.fallbacks) for r in results)
+                done(
+                    "quantize",
+                    t,
+                    ", ".join(f"{r.output.name} {r.bpw:.2f} bpw" for r in results)
+                    + (f"; {fallbacks} fallback tensor types" if fallbacks else ""),
+                )
+
+    finally:
+        if extracting is not None and not extracting.done():
+            # convert or quantize stopped early: let the background extract end first
+            try:
+                extracting.result()
+            except BaseException:  # noqa: BLE001 - the first failure is the one to report
+                pass
+    extract_finished()
 
     # 4. layout: hard links from the work folder (same filesystem, so no copies); the work
     #    folder stays whole until the end, so a run killed here resumes at this step

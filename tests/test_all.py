@@ -119,6 +119,9 @@ IN_STEP = {
 }
 
 
+BACKGROUND = {"extract", "convert", "quantize"}
+
+
 def _in_verify(parent: Path) -> bool:
     return (parent / "w/manifest.json").exists() and (parent / ".w.work").exists()
 
@@ -157,8 +160,14 @@ def test_killed_in_each_step_resumes(step: str, tmp_path: Path) -> None:
 
     rerun = run_all_cli(out)
     assert rerun.returncode == 0, rerun.stderr
-    expected = {s: ("skipped" if i < index else "done") for i, s in enumerate(STEPS)}
-    assert statuses(rerun.stdout) == expected
+    got = statuses(rerun.stdout)
+    assert got[step] == "done"
+    for i, other in enumerate(STEPS):
+        if other in BACKGROUND and step in BACKGROUND:
+            # extract runs beside convert and quantize: it may or may not have finished
+            assert got[other] in ("done", "skipped"), (other, got)
+        else:
+            assert got[other] == ("skipped" if i < index else "done"), (other, got)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["w"]
     table = np.load(out / "lm_heads/lm_head_audio_00.npy")
     assert table.shape == (1025, 256) and np.isfinite(table).all()
