@@ -261,7 +261,7 @@ def run_all(
             )
             for path in r.npy_files:
                 sha256_cached(path)
-            return r
+            return r, time.perf_counter() - t_extract
 
         background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="extract")
         extracting = background.submit(extract_and_hash)
@@ -272,9 +272,9 @@ def run_all(
         nonlocal extracting
         if extracting is None:
             return
-        r = extracting.result()
+        r, seconds = extracting.result()
         extracting = None
-        steps[0].seconds = time.perf_counter() - t_extract
+        steps[0].seconds = seconds
         steps[0].detail = f"{len(r.npy_files)} tables, {human_bytes(r.bytes_written)}"
         bar.advance("steps", 1)
 
