@@ -353,11 +353,18 @@ def open_checkpoint(root: Path) -> MossCheckpoint:
     detect_lookalike(config, config_path)
     moss = MossConfig.from_dict(config, config_path)
 
+    shards, tensors = read_tensors(root)
+    _check_tensors(tensors, moss, config_path)
+    tokenizer = [root / n for n in TOKENIZER_FILES if (root / n).is_file()]
+    return MossCheckpoint(root, config, moss, tensors, shards, tokenizer)
+
+
+def read_tensors(root: Path) -> tuple[list[Path], dict[str, TensorRef]]:
+    """The shards of a safetensors folder (index + shards, or one file) and every tensor in them."""
     shards, by_tensor = _shard_files(root)
     tensors: dict[str, TensorRef] = {}
     for shard in shards:
-        header = read_header(shard)
-        for name, info in header.tensors.items():
+        for name, info in read_header(shard).tensors.items():
             if by_tensor is not None and by_tensor.get(name) != shard:
                 continue  # the index is authoritative about where a tensor lives
             tensors[name] = TensorRef(name, shard, info)
@@ -370,9 +377,7 @@ def open_checkpoint(root: Path) -> MossCheckpoint:
                 path=root / INDEX_NAME,
                 hint="the shard is corrupt or from another model; download it again",
             )
-    _check_tensors(tensors, moss, config_path)
-    tokenizer = [root / n for n in TOKENIZER_FILES if (root / n).is_file()]
-    return MossCheckpoint(root, config, moss, tensors, shards, tokenizer)
+    return shards, tensors
 
 
 def expected_shapes(moss: MossConfig) -> dict[str, tuple[int, ...]]:

@@ -23,7 +23,12 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import INDEX_NAME, SINGLE_NAME, MossConfig, open_checkpoint, read_json, safe_child
+from .checkpoint import (
+    MossConfig,
+    open_checkpoint,
+    read_json,
+    read_tensors,
+)
 from .errors import InputError, OutputError, ToolError, UnsupportedModelError, UsageError
 from .extract import BACKBONE_DIR, META_NAME, backbone_config, extract
 from .gguf_write import (
@@ -37,7 +42,6 @@ from .gguf_write import (
     write_gguf,
 )
 from .progress import ProgressReporter, ensure
-from .safetensors_io import read_header
 from .staging import check_free_space, check_target, staged_file
 
 log = logging.getLogger(__name__)
@@ -104,50 +108,11 @@ class ConvertResult:
 
 def _safetensors_sources(root: Path) -> dict[str, SourceTensor]:
     """Tensors of a Hugging Face folder (index + shards, or one model.safetensors)."""
-    index = root / INDEX_NAME
-    by_tensor: dict[str, Path] | None = None
-    if index.is_file():
-        data = read_json(index, "safetensors index")
-        weight_map = data.get("weight_map") if isinstance(data, dict) else None
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise InputError("index has no 'weight_map'", path=index)
-        by_tensor = {}
-        for tensor, rel in weight_map.items():
-            if not isinstance(rel, str):
-                raise InputError(f"index maps {tensor!r} to a non-string", path=index)
-            by_tensor[tensor] = safe_child(root, rel, "shard", index)
-        shards = list(dict.fromkeys(by_tensor.values()))
-        for shard in shards:
-            if not shard.is_file():
-                raise InputError(
-                    f"shard {shard.name} named by the index is missing",
-                    path=index,
-                    hint="copy the missing shard again, or re-run extract",
-                )
-    elif (root / SINGLE_NAME).is_file():
-        shards = [root / SINGLE_NAME]
-    else:
-        raise InputError(
-            "no model.safetensors or model.safetensors.index.json", path=root, hint=INPUT_HINT
-        )
-    tensors: dict[str, SourceTensor] = {}
-    for shard in shards:
-        for name, info in read_header(shard).tensors.items():
-            if by_tensor is not None and by_tensor.get(name) != shard:
-                continue  # the index says where a tensor lives
-            tensors[name] = SourceTensor(
-                name, shard, info.dtype, tuple(info.shape), info.offset, info.nbytes
-            )
-    if by_tensor is not None:
-        missing = [n for n in by_tensor if n not in tensors]
-        if missing:
-            raise InputError(
-                f"tensor {missing[0]!r} listed in the index is not in its shard "
-                f"({len(missing)} missing)",
-                path=index,
-                hint="the shard is corrupt or from another model",
-            )
-    return tensors
+    _, refs = read_tensors(root)
+    return {
+        name: SourceTensor(name, ref.path, ref.dtype, tuple(ref.shape), ref.offset, ref.nbytes)
+        for name, ref in refs.items()
+    }
 
 
 def _meta_name(meta_path: Path) -> str | None:
