@@ -18,6 +18,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -194,37 +195,12 @@ class Synthesizer:
             wav = loudness_normalize(np.asarray(reference, dtype=np.float32).reshape(-1))
         return self.codec.encode(wav)
 
-    def generate(
-        self,
-        text: str,
-        reference: str | Path | np.ndarray | None = None,
-        instruction: str | None = None,
-        tokens: int | None = None,
-        quality: str | None = None,
-        sound_event: str | None = None,
-        ambient_sound: str | None = None,
-        language: str | None = None,
-        max_new_tokens: int | None = None,
-        seed: int | None = None,
-        reference_codes: np.ndarray | None = None,
-        progress: ProgressReporter | None = None,
-    ) -> np.ndarray:
-        """The waveform (float32, 24 kHz, loudness-normalised) for TEXT."""
-        result = self.synthesize(
-            text,
-            reference=reference,
-            instruction=instruction,
-            tokens=tokens,
-            quality=quality,
-            sound_event=sound_event,
-            ambient_sound=ambient_sound,
-            language=language,
-            max_new_tokens=max_new_tokens,
-            seed=seed,
-            reference_codes=reference_codes,
-            progress=progress,
-        )
-        return result.waveform
+    def generate(self, text: str, **options: Any) -> np.ndarray:
+        """The waveform (float32, 24 kHz, loudness-normalised) for TEXT.
+
+        Takes the same keyword options as `synthesize` (reference, instruction, seed, ...).
+        """
+        return self.synthesize(text, **options).waveform
 
     def synthesize(
         self,
