@@ -9,8 +9,9 @@ Memory stays bounded: GGUFWriter writes the header, the key/values and the tenso
 (for which it needs only shapes, types and sizes); the tensor data is then appended in row
 chunks read with plain file reads (a memory map would count every touched page against the
 process), converted, and padded to the alignment GGUFWriter's offsets assume. One thread
-reads and converts while another writes; the output is preallocated and, where the file
-system allows, written with O_DIRECT so gigabytes of output never sit in the page cache.
+reads and converts while another writes; the output is preallocated and written through
+the page cache with write-behind (sinks.WriteBehindSink): quantize reads it next from
+memory, while dirty pages stay bounded so the writer is never throttled.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import numpy as np
 
 from .errors import InputError, NumericError, UnsupportedModelError, UsageError
 from .progress import ProgressReporter, ensure
-from .sinks import DIRECT_MIN_BYTES, DirectSink, FileSink, preallocate
+from .sinks import appender
 
 log = logging.getLogger(__name__)
 
@@ -826,11 +827,8 @@ def write_gguf(path: Path, plan: GGUFPlan, progress: ProgressReporter | None = N
         header = out.seek(0, os.SEEK_END)
         data_start = header + (-header % alignment)
         size = data_start + sum(t.nbytes + (-t.nbytes % alignment) for t in plan.tensors)
-        direct = None
-        if preallocate(out, size, path) and size - header >= DIRECT_MIN_BYTES:
-            direct = DirectSink.open(Path(path), out, header)
-        sink = direct or FileSink(out)
-        try:
+        # kept in the page cache: quantize (or a first run) reads the GGUF next
+        with appender(out, Path(path), header, size, keep_cached=True) as sink:
             write_tensor_data(
                 sink,
                 plan.tensors,
@@ -840,10 +838,6 @@ def write_gguf(path: Path, plan: GGUFPlan, progress: ProgressReporter | None = N
                 ),
                 on_bytes=lambda n: bar.advance("convert:bytes", n),
             )
-            sink.close()
-        finally:
-            if direct is not None:
-                direct.release()
         if sink.tell() != size or os.fstat(out.fileno()).st_size != size:
             raise AssertionError(f"wrote {sink.tell()} bytes, planned {size}")
     bar.finish("convert:tensors")

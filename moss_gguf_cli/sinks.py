@@ -8,6 +8,7 @@ buffer with O_DIRECT went 3-5x faster, and leaves the page cache to the reader.
 from __future__ import annotations
 
 import errno
+import functools
 import mmap
 import os
 from contextlib import contextmanager
@@ -144,18 +145,94 @@ class DirectSink:
         self._mm.close()
 
 
+WRITE_BEHIND_BYTES = 64 * 1024 * 1024  # writeback window of WriteBehindSink
+
+
+@functools.cache
+def _sync_file_range():
+    """libc's sync_file_range (Linux), or None."""
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range  # the process's own libc
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+class WriteBehindSink:
+    """Buffered appends that start writeback one window behind and wait for it two behind.
+
+    For an output read again right away (the intermediate GGUF that quantize reads next):
+    the pages stay in the page cache, clean, while dirty pages never exceed two windows,
+    so the writer is not throttled the way plain buffered writes of gigabytes are.
+    """
+
+    _WRITE, _WAIT = 2, 1 | 2 | 4  # SYNC_FILE_RANGE_WRITE; WAIT_BEFORE | WRITE | WAIT_AFTER
+
+    def __init__(self, out, start: int, sync_range):
+        self._out, self._fd, self._sync = out, out.fileno(), sync_range
+        self._pos = self._synced = start
+        self._started = start
+
+    @classmethod
+    def open(cls, out, start: int) -> WriteBehindSink | None:
+        fn = _sync_file_range()
+        if fn is None:
+            return None
+        out.flush()
+        return cls(out, start, fn)
+
+    def write(self, data) -> None:
+        mv = memoryview(data).cast("B")
+        done = 0
+        while done < len(mv):
+            done += os.pwrite(self._fd, mv[done:], self._pos + done)
+        self._pos += len(mv)
+        if self._pos - self._started >= WRITE_BEHIND_BYTES:
+            # wait for the window before last (bounds dirty memory), start this one
+            if self._started > self._synced:
+                self._sync(self._fd, self._synced, self._started - self._synced, self._WAIT)
+            self._synced = self._started
+            self._sync(self._fd, self._started, self._pos - self._started, self._WRITE)
+            self._started = self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def close(self) -> None:
+        self._out.seek(self._pos)
+
+    def release(self) -> None:
+        pass
+
+
 DIRECT_MIN_BYTES = 64 * 1024 * 1024  # smaller outputs go through the page cache
 
 
 @contextmanager
-def appender(out, path: Path, start: int, size: int, min_direct: int = DIRECT_MIN_BYTES):
+def appender(
+    out,
+    path: Path,
+    start: int,
+    size: int,
+    min_direct: int = DIRECT_MIN_BYTES,
+    keep_cached: bool = False,
+):
     """A sink appending to `out` (opened read-write, positioned at `start`) up to `size` bytes.
 
-    The file is preallocated; big outputs go through O_DIRECT where the file system allows it.
+    The file is preallocated. Big outputs go through O_DIRECT where the file system allows
+    it, or, with ``keep_cached`` (the file is read again right away), through the page
+    cache with write-behind.
     """
     direct = None
     if preallocate(out, size, path) and size - start >= min_direct:
-        direct = DirectSink.open(Path(path), out, start)
+        if keep_cached:
+            direct = WriteBehindSink.open(out, start)
+        else:
+            direct = DirectSink.open(Path(path), out, start)
     sink = direct or FileSink(out)
     try:
         yield sink

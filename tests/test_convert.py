@@ -283,11 +283,17 @@ def test_native_from_source_and_backbone_identical(tiny_model, tiny_extracted, n
     assert filecmp.cmp(b.outfile, native["f16"], shallow=False)
 
 
-def test_page_cache_and_direct_writes_agree(tiny_extracted, native, tmp_path, monkeypatch):
-    """Outputs below DIRECT_MIN_BYTES go through the page cache; the bytes are the same."""
-    from moss_gguf_cli import gguf_write
+def test_plain_and_write_behind_writes_agree(tiny_extracted, native, tmp_path, monkeypatch):
+    """Outputs below the sinks' threshold are plain buffered writes; the bytes are the same
+    as through the write-behind sink that the tiny f16 GGUF (≈ 90 MB) gets."""
+    import functools
 
-    monkeypatch.setattr(gguf_write, "DIRECT_MIN_BYTES", 1 << 62)
+    from moss_gguf_cli import gguf_write, sinks
+
+    assert native["f16"].stat().st_size > sinks.DIRECT_MIN_BYTES
+    monkeypatch.setattr(
+        gguf_write, "appender", functools.partial(sinks.appender, min_direct=1 << 62)
+    )
     out = convert(tiny_extracted, tmp_path / "buffered.gguf", outtype="f16").outfile
     assert filecmp.cmp(out, native["f16"], shallow=False)
 
