@@ -9,6 +9,7 @@ one is I/O-bound, the other CPU-bound.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
@@ -22,6 +23,7 @@ import numpy as np
 
 from . import __version__
 from .checkpoint import MossCheckpoint, TensorRef, open_checkpoint
+from .digests import remember_sha256
 from .errors import InputError, NumericError, UsageError
 from .progress import ProgressReporter, ensure
 from .safetensors_io import PlannedTensor, write_streaming
@@ -172,20 +174,41 @@ def _fits(raw: np.ndarray, src_dtype: str, out: np.ndarray, scratch: np.ndarray)
     return bool(np.isfinite(out).all())
 
 
-def write_npy(job: NpyJob, dest: Path, dtype: str, on_bytes, stop: threading.Event) -> int:
-    """Stream one table to dest as .npy, refusing values the dtype cannot hold."""
+class _HashingSink:
+    """Hashes what it passes on, in the writer thread (hashlib releases the GIL)."""
+
+    def __init__(self, sink, digest):
+        self._sink, self.digest = sink, digest
+
+    def write(self, data) -> None:
+        self._sink.write(data)
+        self.digest.update(memoryview(data).cast("B"))
+
+
+def write_npy(
+    job: NpyJob, dest: Path, dtype: str, on_bytes, stop: threading.Event, read_soon: bool = False
+) -> int:
+    """Stream one table to dest as .npy, refusing values the dtype cannot hold.
+
+    With ``read_soon`` the file stays in the page cache and its sha256 is taken on the way
+    and remembered for dest (digests.py), so a manifest need not read the file again.
+    """
     ref = job.source
     n = int(np.prod(ref.shape))
     header = npy_header(ref.shape, dtype)
     size = len(header) + n * np.dtype(dtype).itemsize
+    digest = hashlib.sha256(header) if read_soon else None
     with open(ref.path, "rb", buffering=0) as src, open(dest, "wb+") as f:
         f.write(header)
         f.flush()
         with (
-            appender(f, dest, len(header), size) as sink,
+            appender(f, dest, len(header), size, keep_cached=read_soon) as sink,
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="npy-write") as writer,
         ):
-            _stream_cast(ref, src, n, dtype, sink, writer, on_bytes, stop)
+            out = sink if digest is None else _HashingSink(sink, digest)
+            _stream_cast(ref, src, n, dtype, out, writer, on_bytes, stop)
+    if digest is not None:
+        remember_sha256(dest, digest.hexdigest())
     return size
 
 
@@ -268,12 +291,15 @@ def extract(
     force: bool = False,
     source_model: str | None = None,
     backbone_weights: bool = True,
+    read_soon: bool = False,
     progress: ProgressReporter | None = None,
 ) -> ExtractResult:
     """Write DESIGN.md §3's layout for the checkpoint at model_dir into output.
 
     With ``backbone_weights=False`` the backbone folder gets only its config and
     tokenizer (for `all`, which converts the backbone straight from the source).
+    ``read_soon`` (for `all`, whose layout and verify read the tables next) keeps them in the
+    page cache and takes each one's sha256 while writing it.
     """
     started = time.perf_counter()
     bar = ensure(progress)
@@ -330,7 +356,14 @@ def extract(
 
         def write_tables() -> int:
             return sum(
-                write_npy(job, stage.path / job.relpath, npy_dtype, reporter(job.source.path), stop)
+                write_npy(
+                    job,
+                    stage.path / job.relpath,
+                    npy_dtype,
+                    reporter(job.source.path),
+                    stop,
+                    read_soon,
+                )
                 for job in jobs
             )
 

@@ -9,7 +9,6 @@ token ids for synth), `moss-tts.yaml` (paths relative to itself) and
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ import yaml
 
 from . import __version__
 from .checkpoint import TOKENIZER_FILES, read_json
+from .digests import sha256_cached
 from .errors import InputError, UsageError
 from .extract import BACKBONE_DIR, EMBEDDING_DIR, LM_HEAD_DIR, META_NAME
 from .progress import ProgressReporter, ensure
@@ -178,34 +178,6 @@ def _place(src: Path, dest: Path, mode: LayoutMode) -> str:
             pass  # another filesystem, or links not allowed: copy instead
     shutil.copyfile(src, dest)
     return "copied"
-
-
-def sha256_file(path: Path, chunk: int = 8 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb", buffering=0) as f:
-        buf = bytearray(chunk)
-        view = memoryview(buf)
-        while n := f.readinto(buf):
-            digest.update(view[:n])
-    return digest.hexdigest()
-
-
-# sha256 by file identity: a hard link placed by layout is the same inode as the file
-# `all` already hashed in the background, so it is not read again
-_DIGESTS: dict[tuple[int, int, int, int], str] = {}
-
-
-def _identity(path: Path) -> tuple[int, int, int, int]:
-    st = path.stat()
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def sha256_cached(path: Path) -> str:
-    key = _identity(path)
-    digest = _DIGESTS.get(key)
-    if digest is None:
-        digest = _DIGESTS[key] = sha256_file(path)
-    return digest
 
 
 def hash_entries(

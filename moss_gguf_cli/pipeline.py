@@ -10,7 +10,9 @@ intermediate safetensors copy is written unless asked for.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +24,7 @@ import numpy as np
 from .checkpoint import open_checkpoint, resolve_model
 from .errors import MossGgufError, NumericError, OutputError, UsageError
 from .extract import EMBEDDING_DIR, LM_HEAD_DIR, extract, npy_jobs
-from .layout import MANIFEST_NAME, LayoutMode, expected_tables, layout, read_meta, sha256_cached
+from .layout import MANIFEST_NAME, LayoutMode, expected_tables, layout, read_meta
 from .progress import ProgressReporter, ensure
 from .staging import human_bytes, remove_stale_partials
 
@@ -241,8 +243,9 @@ def run_all(
         bar.advance("steps", 1)
 
     # 1. extract: tables, tokenizer and meta (the backbone weights only if kept). It runs in
-    #    the background, mostly waiting on the disk, while convert and quantize use the CPU;
-    #    then it hashes its tables so that layout's manifest need not read them again.
+    #    the background at the lowest CPU priority, so that convert and quantize, which
+    #    decide the wall time, keep the cores and extract takes what they leave idle; it
+    #    hashes its tables as it writes them so that layout's manifest need not read them.
     extracting = None
     if layout_done or _extract_complete(extracted):
         skipped("extract")
@@ -251,16 +254,16 @@ def run_all(
         remove_stale_partials(extracted)
 
         def extract_and_hash():
+            _yield_cpu()
             r = extract(
                 model_dir,
                 extracted,
                 force=True,
                 source_model=settings.model,
                 backbone_weights=settings.keep_intermediate,
+                read_soon=True,
                 progress=bar,
             )
-            for path in r.npy_files:
-                sha256_cached(path)
             return r, time.perf_counter() - t_extract
 
         background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="extract")
@@ -406,6 +409,15 @@ def run_all(
     return AllResult(
         output, config, [output / g.name for g in ggufs], steps, files, kept, notes, report
     )
+
+
+def _yield_cpu() -> None:
+    """Lowest CPU priority for the calling thread and the threads it starts (Linux: nice is
+    per thread and inherited); elsewhere a no-op."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):
+        pass
 
 
 def _verify(output: Path, progress: ProgressReporter):

@@ -11,7 +11,8 @@ YAML, a --source that cannot be opened, --deep without torch).
 
 Speed. Every file is read once, in chunks, by two worker threads (hashlib, file reads and
 the NumPy bit tests release the GIL): one pass hashes a file for the manifest, tests a
-table's values and, with --source, compares it with its source tensor. The GGUF header is
+table's values and, with --source, compares it with its source tensor (a file this process
+hashed already, as `all` does while writing, keeps that digest: digests.py). The GGUF header is
 parsed here rather than with ``gguf.GGUFReader``, which builds a Python object for every
 one of the ~300k tokenizer array entries (16 s for the tiny model's header on the 2-core
 test machine, against 0.1 s here); tensor data is read with ``os.pread`` and dequantized
@@ -48,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from .checkpoint import TOKEN_DEFAULTS, MossCheckpoint, MossConfig, TensorRef, safe_child
+from .digests import known_sha256, sha256_file
 from .errors import InputError, MossGgufError, UsageError
 from .extract import BACKBONE_DIR, EMBEDDING_DIR, LM_HEAD_DIR, META_NAME
 from .layout import MANIFEST_NAME, TOKENIZER_DIR
@@ -962,13 +964,14 @@ def _stream_file(job: _FileJob, on_bytes: Callable[[int], None]) -> _FileResult:
     res = _FileResult(job)
     try:
         res.size = job.path.stat().st_size
+        known = known_sha256(job.path) if job.sha256 is not None else None
+        if known is not None:  # hashed by this process as it wrote or listed the file
+            res.sha256, job = known, dataclasses.replace(job, sha256=None)
         if job.gguf is not None:
             _stream_gguf(job, res, on_bytes)
             return res
         if not job.table:
             if job.sha256 is not None:
-                from .layout import sha256_file
-
                 res.sha256 = sha256_file(job.path)
             on_bytes(res.size)
             return res

@@ -1,0 +1,155 @@
+"""The output sinks write exactly the bytes given, at the right offsets, whatever the sizes."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moss_gguf_cli.digests import _DIGESTS, _identity, sha256_cached
+from moss_gguf_cli.extract import extract
+from moss_gguf_cli.sinks import (
+    DIRECT_BYTES,
+    WRITE_BEHIND_BYTES,
+    DirectSink,
+    FileSink,
+    WriteBehindSink,
+    preallocate,
+)
+
+HEADER = b"H" * 4099  # not a whole block: the direct sink must keep it intact
+
+
+def _chunks(total: int) -> list[np.ndarray]:
+    """Random bytes in odd-sized pieces, some larger than the sinks' buffers and windows."""
+    rng = np.random.default_rng(7)
+    sizes = [1, 4095, 4097, DIRECT_BYTES + 3, 12345, WRITE_BEHIND_BYTES // 3]
+    out, left, i = [], total, 0
+    while left > 0:
+        n = min(left, sizes[i % len(sizes)])
+        out.append(rng.integers(0, 256, n, dtype=np.uint8))
+        left -= n
+        i += 1
+    return out
+
+
+def _direct_refused(path: Path) -> bool:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_DIRECT)
+    except OSError as exc:
+        return exc.errno == errno.EINVAL
+    os.close(fd)
+    return False
+
+
+@pytest.mark.parametrize("kind", ["file", "direct", "behind"])
+def test_sink_writes_exactly_the_bytes(kind: str, tmp_path: Path) -> None:
+    path = tmp_path / "out.bin"
+    chunks = _chunks(WRITE_BEHIND_BYTES * 2 + 777)
+    size = len(HEADER) + sum(c.nbytes for c in chunks)
+    with open(path, "wb+") as out:
+        out.write(HEADER)
+        out.flush()
+        assert preallocate(out, size, path)
+        if kind == "direct":
+            sink = DirectSink.open(path, out, len(HEADER))
+            if sink is None:  # only where the file system refuses O_DIRECT
+                assert _direct_refused(path)
+                return
+        elif kind == "behind":
+            sink = WriteBehindSink.open(out, len(HEADER))
+            assert sink is not None  # Linux has sync_file_range
+        else:
+            sink = FileSink(out)
+        for c in chunks:
+            sink.write(c)
+        assert sink.tell() == size
+        sink.close()
+        if hasattr(sink, "release"):
+            sink.release()
+    data = path.read_bytes()
+    assert len(data) == size
+    assert data[: len(HEADER)] == HEADER
+    assert data[len(HEADER) :] == b"".join(c.tobytes() for c in chunks)
+
+
+def _resident_fraction(path: Path) -> float:
+    """Share of the file's pages in the page cache (mincore on a fresh read-only mapping)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size = path.stat().st_size
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    vec = (ctypes.c_ubyte * pages)()
+    with open(path, "rb") as f:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, f.fileno(), 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value)
+        try:
+            assert libc.mincore(addr, size, vec) == 0, ctypes.get_errno()
+        finally:
+            libc.munmap(addr, size)
+    return sum(v & 1 for v in vec) / pages
+
+
+def test_write_behind_keeps_the_file_in_the_page_cache(tmp_path: Path) -> None:
+    """What the intermediate GGUF needs: quantize reads it next, from memory; the direct
+    sink, made for outputs nobody reads at once, leaves it on disk only."""
+    sizes = WRITE_BEHIND_BYTES * 3
+    block = np.full(1 << 20, 9, dtype=np.uint8)
+    fractions = {}
+    for kind in ("behind", "direct"):
+        path = tmp_path / f"{kind}.bin"
+        with open(path, "wb+") as out:
+            assert preallocate(out, sizes, path)
+            sink = (
+                WriteBehindSink.open(out, 0) if kind == "behind" else DirectSink.open(path, out, 0)
+            )
+            if sink is None:
+                assert kind == "direct" and _direct_refused(path)
+                continue
+            for _ in range(sizes // block.nbytes):
+                sink.write(block)
+            sink.close()
+            sink.release()
+        fractions[kind] = _resident_fraction(path)
+    assert fractions["behind"] > 0.9, fractions
+    if "direct" in fractions:
+        assert fractions["direct"] < 0.1, fractions
+
+
+def test_extract_for_a_reader_hashes_tables_while_writing(tiny_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ex"
+    result = extract(tiny_model, out, backbone_weights=False, read_soon=True)
+    assert len(result.npy_files) == 66
+    for path in result.npy_files:
+        expected = hashlib.sha256(path.read_bytes()).hexdigest()
+        assert _DIGESTS.get(_identity(path)) == expected, path
+        assert sha256_cached(path) == expected
+
+
+def test_a_remembered_digest_is_forgotten_once_the_file_changes(tmp_path: Path) -> None:
+    from moss_gguf_cli.digests import known_sha256, remember_sha256
+
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"abc")
+    remember_sha256(path, hashlib.sha256(b"abc").hexdigest())
+    assert known_sha256(path) == hashlib.sha256(b"abc").hexdigest()
+    path.write_bytes(b"abcd")  # another size (and mtime): the memo no longer applies
+    assert known_sha256(path) is None
+    assert sha256_cached(path) == hashlib.sha256(b"abcd").hexdigest()
