@@ -1,8 +1,10 @@
-"""Writing big outputs fast: preallocated files and O_DIRECT appends.
+"""Writing big outputs fast: preallocated files, O_DIRECT or write-behind appends.
 
 On the machines we measured, buffered writes of gigabytes cost a page-cache allocation and
 copy per page and get throttled once dirty pages pile up; writing from one aligned staging
-buffer with O_DIRECT went 3-5x faster, and leaves the page cache to the reader.
+buffer with O_DIRECT went 3-5x faster, and leaves the page cache to the reader. An output
+that is read again at once (the intermediate GGUF) is better kept cached: write-behind
+bounds the dirty pages instead, and the reader then finds every page in memory.
 """
 
 from __future__ import annotations
