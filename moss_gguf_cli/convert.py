@@ -42,6 +42,7 @@ from .gguf_write import (
     write_gguf,
 )
 from .progress import ProgressReporter, ensure
+from .source_pages import SourcePages
 from .staging import check_free_space, check_target, staged_file
 
 log = logging.getLogger(__name__)
@@ -242,8 +243,12 @@ def convert(
     llama_cpp: Path | str | None = None,
     force: bool = False,
     progress: ProgressReporter | None = None,
+    source_pages: SourcePages | None = None,
 ) -> ConvertResult:
-    """Convert INPUT's Qwen3 backbone to a GGUF at outfile."""
+    """Convert INPUT's Qwen3 backbone to a GGUF at outfile.
+
+    ``source_pages`` (native engine) is told of each source range as it is read.
+    """
     started = time.perf_counter()
     out_type = OutType.parse(outtype)
     eng = Engine.parse(engine)
@@ -255,7 +260,7 @@ def convert(
         plan = plan_native(backbone, out_type, tensors)
         with staged_file(outfile, force=force) as tmp:
             check_free_space(tmp.parent, plan.tensor_bytes + (64 << 20), outfile)
-            size = write_gguf(tmp, plan, progress)
+            size = write_gguf(tmp, plan, progress, source_pages)
         types = _type_counts(plan.tensors)
     else:
         size, types = _convert_llama_cpp(

@@ -1,16 +1,31 @@
-"""sha256 of output files, remembered by file identity for the rest of the process.
+"""What this process established about files it wrote, remembered by file identity.
 
-`all` writes the tables, hard-links them into the weights folder and lists them in the
-manifest: a digest taken while a file was written (or by a first hash) is reused for the
-same inode instead of reading gigabytes again.
+`all` writes the tables, hard-links them into the weights folder, lists them in the
+manifest and verifies the folder. A digest taken while a file was written (or by a first
+hash) is reused for the same inode instead of reading gigabytes again; so are the facts a
+table's writer checked on every value it wrote (its header, and that all values are
+finite in its dtype), which spare verify a second read of the table.
+
+The key is (device, inode, size, mtime): any later change to the file forgets it.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 
 _DIGESTS: dict[tuple[int, int, int, int], str] = {}
+_TABLES: dict[tuple[int, int, int, int], TableFacts] = {}
+
+
+@dataclass(frozen=True)
+class TableFacts:
+    """A .npy table as its writer made it: every value was checked finite in `dtype`."""
+
+    shape: tuple[int, ...]
+    dtype: str  # numpy dtype str, e.g. '<f2'
+    data_offset: int  # header length
 
 
 def sha256_file(path: Path, chunk: int = 8 << 20) -> str:
@@ -48,3 +63,20 @@ def sha256_cached(path: Path) -> str:
     if digest is None:
         digest = _DIGESTS[key] = sha256_file(path)
     return digest
+
+
+def remember_table(path: Path, digest: str, facts: TableFacts) -> None:
+    """Record a finished table: its digest and what its writer checked."""
+    key = _identity(path)
+    _DIGESTS[key] = digest
+    _TABLES[key] = facts
+
+
+def known_table(path: Path) -> tuple[TableFacts, str] | None:
+    """The facts and digest this process recorded for this very table file, if any."""
+    try:
+        key = _identity(path)
+    except OSError:
+        return None
+    facts, digest = _TABLES.get(key), _DIGESTS.get(key)
+    return (facts, digest) if facts is not None and digest is not None else None

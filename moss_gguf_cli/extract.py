@@ -15,6 +15,7 @@ import logging
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,11 +24,12 @@ import numpy as np
 
 from . import __version__
 from .checkpoint import MossCheckpoint, TensorRef, open_checkpoint
-from .digests import remember_sha256
+from .digests import TableFacts, remember_sha256, remember_table
 from .errors import InputError, NumericError, UsageError
 from .progress import ProgressReporter, ensure
 from .safetensors_io import PlannedTensor, write_streaming
 from .sinks import appender
+from .source_pages import SourcePages
 from .staging import Staging, check_free_space
 
 log = logging.getLogger(__name__)
@@ -186,34 +188,54 @@ class _HashingSink:
 
 
 def write_npy(
-    job: NpyJob, dest: Path, dtype: str, on_bytes, stop: threading.Event, read_soon: bool = False
+    job: NpyJob,
+    dest: Path,
+    dtype: str,
+    on_bytes,
+    stop: threading.Event,
+    remember: bool = False,
+    pages: SourcePages | None = None,
 ) -> int:
     """Stream one table to dest as .npy, refusing values the dtype cannot hold.
 
-    With ``read_soon`` the file stays in the page cache and its sha256 is taken on the way
-    and remembered for dest (digests.py), so a manifest need not read the file again.
+    With ``remember`` its sha256 is taken on the way and, with what the writer checked,
+    recorded for dest (digests.py): a manifest and verify in this process need not read it.
     """
     ref = job.source
     n = int(np.prod(ref.shape))
     header = npy_header(ref.shape, dtype)
     size = len(header) + n * np.dtype(dtype).itemsize
-    digest = hashlib.sha256(header) if read_soon else None
+    digest = hashlib.sha256(header) if remember else None
     with open(ref.path, "rb", buffering=0) as src, open(dest, "wb+") as f:
         f.write(header)
         f.flush()
         with (
-            appender(f, dest, len(header), size, keep_cached=read_soon) as sink,
+            appender(f, dest, len(header), size) as sink,
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="npy-write") as writer,
         ):
             out = sink if digest is None else _HashingSink(sink, digest)
-            _stream_cast(ref, src, n, dtype, out, writer, on_bytes, stop)
+            on_read = pages.reader("extract", ref.path, ref.offset, ref.nbytes) if pages else None
+            _stream_cast(ref, src, n, dtype, out, writer, on_bytes, stop, on_read)
     if digest is not None:
-        remember_sha256(dest, digest.hexdigest())
+        if np.dtype(dtype) == np.float16:
+            # every value passed _fits: finite in float16, the whole of verify's value check
+            facts = TableFacts(tuple(ref.shape), np.dtype(dtype).str, len(header))
+            remember_table(dest, digest.hexdigest(), facts)
+        else:
+            remember_sha256(dest, digest.hexdigest())
     return size
 
 
 def _stream_cast(
-    ref: TensorRef, src, n: int, dtype: str, sink, writer, on_bytes, stop: threading.Event
+    ref: TensorRef,
+    src,
+    n: int,
+    dtype: str,
+    sink,
+    writer,
+    on_bytes,
+    stop: threading.Event,
+    on_read: Callable[[int], None] | None = None,
 ) -> None:
     """Read, cast and check chunk k+1 while chunk k is being written."""
     src_dtype = np.dtype(ref.info.storage_dtype)
@@ -234,6 +256,8 @@ def _stream_cast(
                 path=ref.path,
                 hint="the file is truncated or corrupt; download it again",
             )
+        if on_read is not None:
+            on_read((done + m) * src_dtype.itemsize)
         out = outs[k % 2]
         if pending[k % 2] is not None:
             pending[k % 2].result()  # that buffer has been written: reuse it
@@ -291,15 +315,17 @@ def extract(
     force: bool = False,
     source_model: str | None = None,
     backbone_weights: bool = True,
-    read_soon: bool = False,
+    remember: bool = False,
+    source_pages: SourcePages | None = None,
     progress: ProgressReporter | None = None,
 ) -> ExtractResult:
     """Write DESIGN.md §3's layout for the checkpoint at model_dir into output.
 
     With ``backbone_weights=False`` the backbone folder gets only its config and
     tokenizer (for `all`, which converts the backbone straight from the source).
-    ``read_soon`` (for `all`, whose layout and verify read the tables next) keeps them in the
-    page cache and takes each one's sha256 while writing it.
+    ``remember`` (for `all`, whose layout and verify look at the tables next) takes each
+    table's sha256 while writing it and records it with what the writer checked;
+    ``source_pages`` is told of each table's source range as it is read.
     """
     started = time.perf_counter()
     bar = ensure(progress)
@@ -362,7 +388,8 @@ def extract(
                     npy_dtype,
                     reporter(job.source.path),
                     stop,
-                    read_soon,
+                    remember,
+                    source_pages,
                 )
                 for job in jobs
             )

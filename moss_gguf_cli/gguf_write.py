@@ -35,6 +35,7 @@ import numpy as np
 from .errors import InputError, NumericError, UnsupportedModelError, UsageError
 from .progress import ProgressReporter, ensure
 from .sinks import appender
+from .source_pages import SourcePages
 
 log = logging.getLogger(__name__)
 
@@ -728,7 +729,11 @@ def _chunks(t: GGUFTensor) -> tuple[int, int, int]:
 
 
 def _produce(
-    tensors: list[GGUFTensor], ready: queue.Queue, free: queue.Queue, stop: threading.Event
+    tensors: list[GGUFTensor],
+    ready: queue.Queue,
+    free: queue.Queue,
+    stop: threading.Event,
+    pages: SourcePages | None = None,
 ) -> None:
     """Read and convert chunk after chunk; hand each to the writer through `ready`."""
     try:
@@ -736,6 +741,7 @@ def _produce(
             src = t.source
             rows, row_bytes, per_chunk = _chunks(t)
             ready.put(("start", t))
+            on_read = pages.reader("convert", src.path, src.offset, src.nbytes) if pages else None
             with open(src.path, "rb", buffering=0) as f:
                 f.seek(src.offset)
                 for start in range(0, rows, per_chunk):
@@ -747,6 +753,8 @@ def _produce(
                         scratch = _Scratch(n * row_bytes)
                     view = memoryview(scratch.raw)[: n * row_bytes]
                     _read_exact(f, view, src)
+                    if on_read is not None:
+                        on_read((start + n) * row_bytes)
                     raw = np.frombuffer(view, dtype=_SOURCE_DTYPES[src.dtype])
                     data = _convert_rows(t, raw.reshape(n, -1), scratch)
                     ready.put(("data", np.ascontiguousarray(data), scratch, n * row_bytes))
@@ -762,6 +770,7 @@ def write_tensor_data(
     alignment: int,
     on_tensor: Callable[[GGUFTensor, bool], None],
     on_bytes: Callable[[int], None],
+    pages: SourcePages | None = None,
 ) -> int:
     """Append every tensor's data to out (positioned after the tensor infos), padded.
 
@@ -777,7 +786,10 @@ def write_tensor_data(
         free.put(_Scratch(CHUNK_BYTES))
     stop = threading.Event()
     worker = threading.Thread(
-        target=_produce, args=(tensors, ready, free, stop), name="gguf-convert", daemon=True
+        target=_produce,
+        args=(tensors, ready, free, stop, pages),
+        name="gguf-convert",
+        daemon=True,
     )
     worker.start()
     done = 0
@@ -811,8 +823,17 @@ def write_tensor_data(
         worker.join()
 
 
-def write_gguf(path: Path, plan: GGUFPlan, progress: ProgressReporter | None = None) -> int:
-    """Write the plan to path (which the caller renames into place); returns its size."""
+def write_gguf(
+    path: Path,
+    plan: GGUFPlan,
+    progress: ProgressReporter | None = None,
+    pages: SourcePages | None = None,
+) -> int:
+    """Write the plan to path (which the caller renames into place); returns its size.
+
+    With ``pages``, each source range is reported as read (`all` drops it from the page
+    cache once every reader is past it).
+    """
     bar = ensure(progress)
     writer = build_writer(plan)
     writer.write_header_to_file(path=Path(path))
@@ -837,6 +858,7 @@ def write_gguf(path: Path, plan: GGUFPlan, progress: ProgressReporter | None = N
                     "convert:tensors", 1 if finished else 0, description=t.name
                 ),
                 on_bytes=lambda n: bar.advance("convert:bytes", n),
+                pages=pages,
             )
         if sink.tell() != size or os.fstat(out.fileno()).st_size != size:
             raise AssertionError(f"wrote {sink.tell()} bytes, planned {size}")

@@ -26,6 +26,7 @@ from .errors import MossGgufError, NumericError, OutputError, UsageError
 from .extract import EMBEDDING_DIR, LM_HEAD_DIR, extract, npy_jobs
 from .layout import MANIFEST_NAME, LayoutMode, expected_tables, layout, read_meta
 from .progress import ProgressReporter, ensure
+from .source_pages import SourcePages
 from .staging import human_bytes, remove_stale_partials
 
 log = logging.getLogger(__name__)
@@ -242,12 +243,29 @@ def run_all(
         steps.append(StepResult(name, "skipped", 0.0, detail))
         bar.advance("steps", 1)
 
+    # which steps read the source: each drops what it has read once the other is past it
+    wanted = ("f16", "bf16") if settings.outtype == "auto" else (settings.outtype,)
+    intermediate = next(
+        (
+            work / f"backbone_{t}.gguf"
+            for t in wanted
+            if _gguf_complete(work / f"backbone_{t}.gguf")
+        ),
+        None,
+    )
+    quantized = all(_gguf_complete(g, q) for g, q in zip(ggufs, quants, strict=True))
+    must_extract = not layout_done and not _extract_complete(extracted)
+    must_convert = not (layout_done or quantized or intermediate is not None)
+    pages = None
+    if (must_extract or must_convert) and not settings.keep_intermediate:
+        pages = _source_pages(model_dir, must_extract, must_convert)
+
     # 1. extract: tables, tokenizer and meta (the backbone weights only if kept). It runs in
     #    the background at the lowest CPU priority, so that convert and quantize, which
     #    decide the wall time, keep the cores and extract takes what they leave idle; it
     #    hashes its tables as it writes them so that layout's manifest need not read them.
     extracting = None
-    if layout_done or _extract_complete(extracted):
+    if not must_extract:
         skipped("extract")
     else:
         t_extract = step("extract")
@@ -261,7 +279,8 @@ def run_all(
                 force=True,
                 source_model=settings.model,
                 backbone_weights=settings.keep_intermediate,
-                read_soon=True,
+                remember=True,
+                source_pages=pages,
                 progress=bar,
             )
             return r, time.perf_counter() - t_extract
@@ -283,17 +302,7 @@ def run_all(
 
     try:
         # 2. convert the backbone straight from the source shards
-        wanted = ("f16", "bf16") if settings.outtype == "auto" else (settings.outtype,)
-        intermediate = next(
-            (
-                work / f"backbone_{t}.gguf"
-                for t in wanted
-                if _gguf_complete(work / f"backbone_{t}.gguf")
-            ),
-            None,
-        )
-        quantized = all(_gguf_complete(g, q) for g, q in zip(ggufs, quants, strict=True))
-        if layout_done or quantized or intermediate is not None:
+        if not must_convert:
             skipped("convert")
         else:
             t = step("convert")
@@ -305,6 +314,7 @@ def run_all(
                     outtype=outtype,
                     force=True,
                     progress=bar,
+                    source_pages=pages,
                 )
             except NumericError as exc:
                 if settings.outtype != "auto":
@@ -354,6 +364,12 @@ def run_all(
             except BaseException:  # noqa: BLE001 - the first failure is the one to report
                 pass
     extract_finished()
+    # the intermediate GGUF has served: free its disk and page cache on the other core while
+    # layout and verify run (a rerun after this point finds the quantized GGUFs complete)
+    dropping = None
+    if intermediate is not None and not settings.keep_intermediate:
+        dropping = threading.Thread(target=intermediate.unlink, kwargs={"missing_ok": True})
+        dropping.start()
 
     # 4. layout: hard links from the work folder (same filesystem, so no copies); the work
     #    folder stays whole until the end, so a run killed here resumes at this step
@@ -393,6 +409,8 @@ def run_all(
     done("verify", t, "all checks pass" if report is not None else "verify unavailable")
     bar.finish("steps")
 
+    if dropping is not None:
+        dropping.join()
     kept = None
     if work.exists():
         if settings.keep_intermediate:
@@ -409,6 +427,19 @@ def run_all(
     return AllResult(
         output, config, [output / g.name for g in ggufs], steps, files, kept, notes, report
     )
+
+
+def _source_pages(model_dir: Path, extracting: bool, converting: bool) -> SourcePages:
+    """The source ranges extract and convert will read, each reader announced."""
+    ck = open_checkpoint(model_dir)
+    pages = SourcePages()
+    if extracting:
+        pages.expect(
+            "extract", ((j.source.path, j.source.offset, j.source.nbytes) for j in npy_jobs(ck))
+        )
+    if converting:
+        pages.expect("convert", ((r.path, r.offset, r.nbytes) for _, r in ck.backbone_tensors()))
+    return pages
 
 
 def _yield_cpu() -> None:

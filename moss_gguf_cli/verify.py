@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from .checkpoint import TOKEN_DEFAULTS, MossCheckpoint, MossConfig, TensorRef, safe_child
-from .digests import known_sha256, sha256_file
+from .digests import known_sha256, known_table, sha256_file
 from .errors import InputError, MossGgufError, UsageError
 from .extract import BACKBONE_DIR, EMBEDDING_DIR, LM_HEAD_DIR, META_NAME
 from .layout import MANIFEST_NAME, TOKENIZER_DIR
@@ -964,6 +964,15 @@ def _stream_file(job: _FileJob, on_bytes: Callable[[int], None]) -> _FileResult:
     res = _FileResult(job)
     try:
         res.size = job.path.stat().st_size
+        if job.table and job.source is None and (written := known_table(job.path)):
+            # written by this process, which checked every value as it wrote it
+            facts, digest = written
+            res.shape, res.dtype, res.data_offset = facts.shape, facts.dtype, facts.data_offset
+            data = math.prod(facts.shape) * np.dtype(facts.dtype).itemsize
+            res.expected_size = facts.data_offset + data
+            res.sha256 = digest if job.sha256 is not None else None
+            on_bytes(res.size)
+            return res
         known = known_sha256(job.path) if job.sha256 is not None else None
         if known is not None:  # hashed by this process as it wrote or listed the file
             res.sha256, job = known, dataclasses.replace(job, sha256=None)

@@ -78,7 +78,13 @@ def test_sink_writes_exactly_the_bytes(kind: str, tmp_path: Path) -> None:
 
 
 def _resident_fraction(path: Path) -> float:
-    """Share of the file's pages in the page cache (mincore on a fresh read-only mapping)."""
+    """Share of the file's pages in the page cache."""
+    pages = resident_pages(path)
+    return sum(pages) / len(pages)
+
+
+def resident_pages(path: Path) -> list[bool]:
+    """Which of the file's pages are in the page cache (mincore on a fresh mapping)."""
     import ctypes
     import mmap
 
@@ -104,7 +110,7 @@ def _resident_fraction(path: Path) -> float:
             assert libc.mincore(addr, size, vec) == 0, ctypes.get_errno()
         finally:
             libc.munmap(addr, size)
-    return sum(v & 1 for v in vec) / pages
+    return [bool(v & 1) for v in vec]
 
 
 def test_write_behind_keeps_the_file_in_the_page_cache(tmp_path: Path) -> None:
@@ -135,7 +141,7 @@ def test_write_behind_keeps_the_file_in_the_page_cache(tmp_path: Path) -> None:
 
 def test_extract_for_a_reader_hashes_tables_while_writing(tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "ex"
-    result = extract(tiny_model, out, backbone_weights=False, read_soon=True)
+    result = extract(tiny_model, out, backbone_weights=False, remember=True)
     assert len(result.npy_files) == 66
     for path in result.npy_files:
         expected = hashlib.sha256(path.read_bytes()).hexdigest()

@@ -565,3 +565,52 @@ def test_cli_help_has_examples() -> None:
     assert result.exit_code == 0
     for text in ("--source", "--deep", "--json", "Examples", "Exit status"):
         assert text in result.stdout
+
+
+# ----------------------------------------------------------------------------- in-process facts
+
+
+def _rows(report: VerifyReport) -> list[tuple[str, str, str]]:
+    return [(r.name, r.status, r.detail) for r in report.rows]
+
+
+def test_tables_written_in_this_process_give_the_same_report_unread(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    # `all` extracts with remember=True; its verify then takes the writer's checks instead
+    # of reading the tables again. The report must be the one a fresh read gives.
+    from moss_gguf_cli import digests
+    from moss_gguf_cli.extract import extract
+
+    out = tmp_path / "ex"
+    result = extract(tiny_model, out, backbone_weights=False, remember=True)
+    for path in result.npy_files:
+        facts, digest = digests.known_table(path)
+        with open(path, "rb") as f:
+            assert np.lib.format.read_magic(f) == (1, 0)
+            shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+            assert (facts.shape, facts.dtype, facts.data_offset) == (shape, dtype.str, f.tell())
+        assert digest == digests.sha256_file(path)
+    remembered = verify(out)
+    assert remembered.ok, _failing(remembered)
+    digests._TABLES.clear()
+    digests._DIGESTS.clear()
+    assert _rows(verify(out)) == _rows(remembered)
+
+
+def test_a_table_changed_after_it_was_written_is_read_again(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    from moss_gguf_cli.extract import extract
+
+    out = tmp_path / "ex"
+    extract(tiny_model, out, backbone_weights=False, remember=True)
+    table = np.lib.format.open_memmap(out / "embeddings" / "emb_ext_03.npy", mode="r+")
+    table[7, 1] = np.nan
+    table.flush()
+    del table
+    os.utime(out / "embeddings" / "emb_ext_03.npy")  # a new mtime, whatever the clock's grain
+    failing = _failing(verify(out))
+    assert "embeddings/emb_ext_03.npy: 1 Inf/NaN values (float16 overflow?), first in row 7" in (
+        failing["table values"]
+    )
