@@ -372,7 +372,8 @@ def run_all(
         dropping.start()
 
     # 4. layout: hard links from the work folder (same filesystem, so no copies); the work
-    #    folder stays whole until the end, so a run killed here resumes at this step
+    #    folder (all but the intermediate GGUF) stays until the end, so a run killed here
+    #    resumes at this step
     audio = settings.audio_tokenizer
     if audio is None and is_tiny:
         from .tiny import cache_root
