@@ -40,6 +40,7 @@ from typing import Any
 
 from . import __version__
 from . import llama_cpp as lc
+from .cpu_features import REINSTALL_HINT, build_fit
 from .errors import MossGgufError, OutputError, ToolError
 from .progress import ProgressReporter, ensure
 from .report import FAIL, PASS, WARN, CheckRows
@@ -51,15 +52,10 @@ log = logging.getLogger(__name__)
 GROUPS = ("versions", "engines", "runtime", "gpu", "disk", "hub")
 
 # The fix for a llama.cpp that crashes on this CPU: a build without -march=native.
-PORTABLE_BUILD_FIX = (
-    'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON '
-    '-DGGML_F16C=ON -DGGML_AVX512=ON" pip install --force-reinstall --no-cache-dir '
-    "llama-cpp-python"
-)
+PORTABLE_BUILD_FIX = REINSTALL_HINT
 TREE_PORTABLE_FIX = (
-    "rebuild it portable: cmake -B build -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON "
-    "-DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON && cmake --build build --target "
-    "llama-quantize (scripts/get-llama-cpp.sh does this)"
+    "rebuild it with this CPU's flags: bash scripts/get-llama-cpp.sh "
+    "(cmake with `python -m moss_gguf_cli.cpu_features`)"
 )
 RECHECK_HINT = "`moss-gguf doctor --recheck` runs it again"
 
@@ -1078,16 +1074,42 @@ def _cpu_row(probe: ProbeResult, safe_import: bool) -> DoctorRow:
     detail = f"{cpu['model']}, {os.cpu_count()} cores"
     if amx:
         detail += f", reports {'/'.join(amx)}"
+    system_info = None
     if safe_import and _dist_version("llama_cpp_python") is not None:
         import llama_cpp
 
-        features = llama_cpp.llama_print_system_info().decode("utf-8", "replace")
-        on = [m.group(1) for m in re.finditer(r"(\w+) = 1", features)]
-        if on:
-            detail += f"; llama.cpp uses {' '.join(on)}"
+        system_info = llama_cpp.llama_print_system_info().decode("utf-8", "replace")
     if amx and probe.crashed:
         return DoctorRow("runtime", "CPU", FAIL, detail, probe.fix)
-    return DoctorRow("runtime", "CPU", PASS, detail)
+    if system_info is None:
+        return DoctorRow("runtime", "CPU", PASS, detail)
+    return cpu_fit_row(detail, system_info, cpu["flags"])
+
+
+def cpu_fit_row(detail: str, system_info: str, flags: list[str]) -> DoctorRow:
+    """Whether the instruction sets llama.cpp was compiled with match this CPU's flags."""
+    fit = build_fit(system_info, flags)
+    detail += f"; llama.cpp uses {' '.join(fit.used) or 'no SIMD extensions'}"
+    if fit.missing:
+        missing = " ".join(fit.missing)
+        return DoctorRow(
+            "runtime", "CPU", FAIL,
+            f"{detail}; this CPU lacks {missing}: illegal instruction on first use",
+            f"rebuild for this CPU: {REINSTALL_HINT}",
+        )  # fmt: skip
+    if fit.amx:
+        return DoctorRow(
+            "runtime", "CPU", WARN,
+            f"{detail}; AMX is compiled in (that build crashed on quantized matmuls)",
+            f"rebuild without AMX: {REINSTALL_HINT}",
+        )  # fmt: skip
+    if fit.unused:
+        return DoctorRow(
+            "runtime", "CPU", WARN,
+            f"{detail}; matches this CPU, which also has {' '.join(fit.unused)} (slower)",
+            f"rebuild for this CPU: {REINSTALL_HINT}",
+        )  # fmt: skip
+    return DoctorRow("runtime", "CPU", PASS, f"{detail}; matches this CPU")
 
 
 # --------------------------------------------------------------------------- disk

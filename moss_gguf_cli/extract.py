@@ -26,6 +26,7 @@ from . import __version__
 from .checkpoint import MossCheckpoint, TensorRef, open_checkpoint
 from .digests import TableFacts, remember_sha256, remember_table
 from .errors import InputError, NumericError, UsageError
+from .holds import hold
 from .progress import ProgressReporter, ensure
 from .safetensors_io import PlannedTensor, write_streaming
 from .sinks import appender
@@ -223,6 +224,7 @@ def write_npy(
             remember_table(dest, digest.hexdigest(), facts)
         else:
             remember_sha256(dest, digest.hexdigest())
+    hold("extract")
     return size
 
 

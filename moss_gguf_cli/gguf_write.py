@@ -33,6 +33,7 @@ import gguf
 import numpy as np
 
 from .errors import InputError, NumericError, UnsupportedModelError, UsageError
+from .holds import hold
 from .progress import ProgressReporter, ensure
 from .sinks import appender
 from .source_pages import SourcePages
@@ -813,6 +814,7 @@ def write_tensor_data(
                 out.write(b"\0" * pad)
                 written += done + pad
                 on_tensor(t, True)
+                hold("convert")
             elif msg[0] == "error":
                 raise msg[1]
             else:

@@ -25,6 +25,7 @@ from .checkpoint import TOKENIZER_FILES, read_json
 from .digests import sha256_cached
 from .errors import InputError, UsageError
 from .extract import BACKBONE_DIR, EMBEDDING_DIR, LM_HEAD_DIR, META_NAME
+from .holds import hold
 from .progress import ProgressReporter, ensure
 from .staging import Staging, check_free_space
 
@@ -281,6 +282,7 @@ def layout(
             how = mode if item.movable or mode is not LayoutMode.move else LayoutMode.link
             counts[_place(item.source, stage.path / item.rel, how)] += 1
             bar.advance("layout")
+            hold("layout")
         bar.finish("layout")
 
         has_audio = audio_tokenizer is not None

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .cpu_features import REINSTALL_HINT
 from .errors import ToolError
 
 log = logging.getLogger(__name__)
@@ -35,11 +36,7 @@ GET_SCRIPT_HINT = (
     "run scripts/get-llama-cpp.sh and export LLAMA_CPP_DIR=<the path it prints>, "
     "or pass --llama-cpp DIR"
 )
-LIBRARY_HINT = (
-    "pip install llama-cpp-python with "
-    'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON '
-    '-DGGML_F16C=ON -DGGML_AVX512=ON"'
-)
+LIBRARY_HINT = REINSTALL_HINT
 
 # Where a build puts the binary, relative to the tree (cmake single/multi-config, old make).
 _BIN_CANDIDATES = ("build/bin", "build/bin/Release", "bin", ".")

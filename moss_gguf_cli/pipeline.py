@@ -24,6 +24,7 @@ import numpy as np
 from .checkpoint import open_checkpoint, resolve_model
 from .errors import MossGgufError, NumericError, OutputError, UsageError
 from .extract import EMBEDDING_DIR, LM_HEAD_DIR, extract, npy_jobs
+from .holds import hold
 from .layout import MANIFEST_NAME, LayoutMode, expected_tables, layout, read_meta
 from .progress import ProgressReporter, ensure
 from .source_pages import SourcePages
@@ -399,6 +400,7 @@ def run_all(
 
     # 5. verify the finished folder (fast checks)
     t = step("verify")
+    hold("verify")
     report = _verify(output, bar)
     if report is not None and not report.ok:
         failed = [row for row in report.rows if row.status == "fail"]

@@ -30,6 +30,7 @@ import numpy as np
 
 from . import llama_cpp as lc
 from .errors import InputError, OutputError, ToolError, UsageError
+from .holds import hold
 from .progress import ProgressReporter, ensure
 from .staging import check_target, staged_file
 
@@ -601,6 +602,7 @@ def _run_job(
                 r = ev.row
                 change = f"{r.src_type}→{r.dst_type}" if r.converted else f"{r.src_type} (copy)"
                 progress.advance(key, 1, description=f"{label} {r.name} {change}")
+                hold("quantize")
 
     start = time.perf_counter()
     version: str | None = None

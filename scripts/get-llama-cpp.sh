@@ -1,44 +1,77 @@
 #!/usr/bin/env bash
-# Obtain a pinned llama.cpp source tree and build `llama-quantize`, without GitHub.
+# Obtain the pinned llama.cpp source tree and a `llama-quantize` built from it, without GitHub.
 #
-# The tree comes from the llama-cpp-python source distribution on PyPI (its
-# vendor/llama.cpp), so the binary built here and the libllama bundled in the
-# llama-cpp-python wheel of the same version are the same llama.cpp commit.
+# The tree comes from the llama-cpp-python source distribution on PyPI (its vendor/llama.cpp),
+# at the version pinned in moss_gguf_cli/pins.py, so the binary and the libllama inside the
+# installed llama-cpp-python are the same llama.cpp commit. When scripts/install.sh built that
+# llama-cpp-python here, its cmake build folder is still in the cache and llama-quantize is
+# linked against the libraries built there: two source files compiled, nothing else. Without
+# that folder the tool is built from the tree, with the same CPU flags.
 #
 # Usage:  scripts/get-llama-cpp.sh            # prints the tree path as the last stdout line
-#         export LLAMA_CPP_DIR="$(scripts/get-llama-cpp.sh | tail -n 1)"
+#         scripts/get-llama-cpp.sh --sdist    # only fetch the sdist; prints its path
+#
+# The tests and moss-gguf find the tree at its cache path by themselves; LLAMA_CPP_DIR
+# overrides that.
 #
 # Environment:
-#   LLAMA_CPP_PYTHON_VERSION  llama-cpp-python version to take llama.cpp from
-#                             (default: the installed llama_cpp.__version__, else 0.3.36)
 #   LLAMA_CPP_SDIST           path of an already downloaded llama_cpp_python-VER.tar.gz
-#                             (skips `pip download`)
 #   MOSS_GGUF_CACHE           cache root (default: ~/.cache/moss-gguf); the tree is
 #                             $MOSS_GGUF_CACHE/llama.cpp-VER
-#   MOSS_GGUF_BUILD_JOBS      parallel compile jobs (default: 2)
+#   MOSS_GGUF_BUILD_JOBS      parallel compile jobs (default: the number of cores)
 #
 # A second run with a finished build does nothing and prints the path at once.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 log() { echo "get-llama-cpp: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-PYTHON=${PYTHON:-python3}
-command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python
+PYTHON=${PYTHON:-python}
+command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 
-if [[ -n "${LLAMA_CPP_PYTHON_VERSION:-}" ]]; then
-    VER=$LLAMA_CPP_PYTHON_VERSION
-else
-    VER=$("$PYTHON" -c 'import llama_cpp; print(llama_cpp.__version__)' 2>/dev/null || true)
-    VER=${VER:-0.3.36}
-fi
+VER=$("$PYTHON" -m moss_gguf_cli.pins llama-cpp-python)
 [[ "$VER" =~ ^[0-9A-Za-z.+-]+$ ]] || die "odd version string: $VER"
+ARGS=$("$PYTHON" -m moss_gguf_cli.cpu_features --cmake-args)
+KEY=$("$PYTHON" -m moss_gguf_cli.cpu_features --key)
 
 CACHE=${MOSS_GGUF_CACHE:-$HOME/.cache/moss-gguf}
 TREE="$CACHE/llama.cpp-$VER"
 BIN="$TREE/build/bin/llama-quantize"
 DONE="$TREE/.moss-gguf-built"
-JOBS=${MOSS_GGUF_BUILD_JOBS:-2}
+WHEEL_BUILD="$CACHE/build/llama-cpp-python-$VER-$KEY"
+JOBS=${MOSS_GGUF_BUILD_JOBS:-$(nproc 2>/dev/null || echo 2)}
+mkdir -p "$CACHE"
+
+# The sdist, downloaded once into the cache (pip's own cache does not keep sdists).
+fetch_sdist() {
+    if [[ -n "${LLAMA_CPP_SDIST:-}" ]]; then
+        [[ -f "$LLAMA_CPP_SDIST" ]] || die "LLAMA_CPP_SDIST not found: $LLAMA_CPP_SDIST"
+        SDIST=$LLAMA_CPP_SDIST
+        return
+    fi
+    SDIST="$CACHE/sdist/llama_cpp_python-$VER.tar.gz"
+    [[ -f "$SDIST" ]] && return
+    log "downloading llama-cpp-python==$VER source distribution from PyPI"
+    local dl
+    dl=$(mktemp -d "$CACHE/.tmp-sdist.XXXXXX")
+    # --no-binary for this package only: ":all:" would also compile pip's build
+    # dependencies (the cmake package) from source, which takes very long
+    "$PYTHON" -m pip download --quiet --no-deps --no-binary llama-cpp-python \
+        --dest "$dl" "llama-cpp-python==$VER" >&2 \
+        || { rm -rf "$dl"; die "pip download llama-cpp-python==$VER failed (set LLAMA_CPP_SDIST to a local sdist)"; }
+    mkdir -p "$CACHE/sdist"
+    mv "$dl"/llama_cpp_python-*.tar.gz "$SDIST" 2>/dev/null \
+        || { rm -rf "$dl"; die "pip download produced no llama_cpp_python-*.tar.gz"; }
+    rm -rf "$dl"
+}
+
+if [[ "${1:-}" == --sdist ]]; then
+    fetch_sdist
+    echo "$SDIST"
+    exit 0
+fi
+[[ -z "${1:-}" ]] || die "unknown option ${1} (use --sdist, or nothing)"
 
 # Fast path: nothing to do.
 if [[ -f "$DONE" && -x "$BIN" ]]; then
@@ -46,7 +79,6 @@ if [[ -f "$DONE" && -x "$BIN" ]]; then
     exit 0
 fi
 
-mkdir -p "$CACHE"
 # Serialize concurrent runs (CI steps, test fixtures) on the same version.
 if command -v flock >/dev/null 2>&1; then
     exec 9>"$CACHE/.llama.cpp-$VER.lock"
@@ -63,18 +95,7 @@ trap cleanup EXIT
 
 if [[ ! -f "$TREE/.moss-gguf-pin" ]]; then
     WORK=$(mktemp -d "$CACHE/.tmp-llama.cpp-$VER.XXXXXX")
-    SDIST=${LLAMA_CPP_SDIST:-}
-    if [[ -z "$SDIST" ]]; then
-        log "downloading llama-cpp-python==$VER source distribution from PyPI"
-        # --no-binary for this package only: ":all:" would also compile pip's build
-        # dependencies (the cmake package) from source, which takes very long
-        "$PYTHON" -m pip download --quiet --no-deps --no-binary llama-cpp-python \
-            --dest "$WORK/dl" "llama-cpp-python==$VER" >&2 \
-            || die "pip download llama-cpp-python==$VER failed (set LLAMA_CPP_SDIST to a local sdist)"
-        SDIST=$(ls "$WORK"/dl/llama_cpp_python-*.tar.gz 2>/dev/null | head -n 1)
-        [[ -n "$SDIST" ]] || die "pip download produced no llama_cpp_python-*.tar.gz"
-    fi
-    [[ -f "$SDIST" ]] || die "sdist not found: $SDIST"
+    fetch_sdist
     TOP="llama_cpp_python-$VER"
     log "extracting $TOP/vendor/llama.cpp from $SDIST"
     mkdir -p "$WORK/x"
@@ -122,28 +143,46 @@ PYEOF
     log "tree: $TREE (llama.cpp $COMMIT)"
 fi
 
-command -v cmake >/dev/null 2>&1 || die "cmake is required to build llama-quantize"
-
-# Portable CPU flags: -march=native misbehaves on some hosts (AMX), and results must not
-# depend on the build machine.
-CMAKE_FLAGS=(
-    -DCMAKE_BUILD_TYPE=Release
-    -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
-    -DGGML_AVX512=ON
-    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
-    -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
-)
-GEN=()
-if [[ ! -f "$TREE/build/CMakeCache.txt" ]] && command -v ninja >/dev/null 2>&1; then
-    GEN=(-G Ninja)
-fi
-
 START=$(date +%s)
-log "configuring (cmake ${CMAKE_FLAGS[*]})"
-cmake -S "$TREE" -B "$TREE/build" "${GEN[@]}" "${CMAKE_FLAGS[@]}" >&2
-log "building llama-quantize with $JOBS jobs (takes a few minutes)"
-cmake --build "$TREE/build" --config Release --target llama-quantize -j "$JOBS" >&2
+mkdir -p "$TREE/build/bin"
+if [[ -f "$WHEEL_BUILD/.moss-gguf-cmake-args" && -f "$WHEEL_BUILD/bin/libllama.so" \
+      && -f "$WHEEL_BUILD/bin/libllama-common.so" ]]; then
+    # scripts/install.sh built llama-cpp-python from this very sdist here, with the flags of
+    # this CPU, and kept its build folder: libllama, libggml and llama.cpp's common library
+    # (imatrix loading) are built already. Only the tool's own two files are compiled.
+    log "linking llama-quantize against the llama-cpp-python build in $WHEEL_BUILD"
+    CXX=${CXX:-c++}
+    command -v "$CXX" >/dev/null 2>&1 || die "a C++ compiler ($CXX) is required"
+    Q="$TREE/tools/quantize"
+    "$CXX" -std=c++17 -O3 -DNDEBUG -pthread \
+        -I"$TREE/include" -I"$TREE/ggml/include" -I"$TREE/common" -I"$Q" \
+        "$Q/quantize.cpp" "$Q/main.cpp" \
+        -L"$WHEEL_BUILD/bin" -lllama-common -lllama -lggml -lggml-base \
+        -Wl,-rpath,"$WHEEL_BUILD/bin" -o "$BIN.tmp" >&2 \
+        || die "compiling llama-quantize against $WHEEL_BUILD failed"
+    mv "$BIN.tmp" "$BIN"
+    echo "linked against $WHEEL_BUILD/bin" >"$TREE/build/.moss-gguf-linked"
+else
+    command -v cmake >/dev/null 2>&1 || die "cmake is required to build llama-quantize"
+    # The same CPU flags scripts/install.sh gives llama-cpp-python (moss_gguf_cli.cpu_features).
+    read -r -a CPU_FLAGS <<<"$ARGS"
+    CMAKE_FLAGS=(
+        -DCMAKE_BUILD_TYPE=Release
+        "${CPU_FLAGS[@]}"
+        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
+        -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+    )
+    GEN=()
+    if [[ ! -f "$TREE/build/CMakeCache.txt" ]] && command -v ninja >/dev/null 2>&1; then
+        GEN=(-G Ninja)
+    fi
+    log "no llama-cpp-python build of scripts/install.sh in the cache: building from the tree"
+    log "configuring (cmake ${CMAKE_FLAGS[*]})"
+    cmake -S "$TREE" -B "$TREE/build" "${GEN[@]}" "${CMAKE_FLAGS[@]}" >&2
+    log "building llama-quantize with $JOBS jobs (takes a few minutes)"
+    cmake --build "$TREE/build" --config Release --target llama-quantize -j "$JOBS" >&2
+fi
 [[ -x "$BIN" ]] || die "build finished but $BIN is missing"
 END=$(date +%s)
 log "built $BIN in $((END - START)) s"

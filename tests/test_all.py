@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -110,50 +109,20 @@ def test_disk_too_small_stops_before_writing(tmp_path: Path) -> None:
         subprocess.run(["umount", str(mount)], check=True)
 
 
-# what shows that a step is under way (a file only that step writes), relative to the parent
-IN_STEP = {
-    "extract": ".w.work/.extracted.partial-*",
-    "convert": ".w.work/.backbone_f16.gguf.partial-*",
-    "quantize": ".w.work/.backbone_q4_k_m.gguf.partial-*",
-    "layout": ".w.partial-*/embeddings/*.npy",
-}
-
-
 BACKGROUND = {"extract", "convert", "quantize"}
 
 
-def _in_verify(parent: Path) -> bool:
-    return (parent / "w/manifest.json").exists() and (parent / ".w.work").exists()
-
-
 @pytest.mark.parametrize("step", STEPS)
-def test_killed_in_each_step_resumes(step: str, tmp_path: Path) -> None:
+def test_killed_in_each_step_resumes(step: str, tmp_path: Path, held_run) -> None:
     out = tmp_path / "w"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "moss_gguf_cli",
-            "all",
-            "--model",
-            "builtin:tiny",
-            "--output",
-            str(out),
-            "-q",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 300
-    hit = False
-    while time.monotonic() < deadline and proc.poll() is None:
-        hit = _in_verify(tmp_path) if step == "verify" else bool(list(tmp_path.glob(IN_STEP[step])))
-        if hit:
-            break
-        time.sleep(0.002)
-    assert hit and proc.poll() is None, f"the run finished before it was seen in {step}"
+    cmd = [sys.executable, "-m", "moss_gguf_cli", "all", "--model", "builtin:tiny"]
+    proc = held_run(
+        cmd + ["--output", str(out), "-q"], step,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    assert proc.returncode == -signal.SIGKILL
     index = STEPS.index(step)
     if step != "verify":
         assert not (out / "manifest.json").exists()  # nothing there passes for a result

@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import gguf
@@ -42,31 +41,9 @@ REPO = Path(__file__).resolve().parents[1]
 OUTTYPES = ["f16", "bf16", "f32", "q8_0"]
 # general.* keys that describe rather than define the model (name, size label, type...)
 DEFINING_GENERAL = {"general.architecture", "general.file_type", "general.quantization_version"}
-# conftest points MOSS_GGUF_CACHE at a per-session folder; the llama.cpp build is shared, so
-# the get-llama-cpp.sh fallback uses the cache this process started with
-_USER_CACHE = os.environ.get("MOSS_GGUF_CACHE")
 
 
 # --------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="session")
-def llama_cpp_tree() -> Path:
-    """The pinned llama.cpp tree: $LLAMA_CPP_DIR, else the one scripts/get-llama-cpp.sh makes."""
-    env = os.environ.get("LLAMA_CPP_DIR")
-    if env:
-        return Path(env)
-    env = {k: v for k, v in os.environ.items() if k != "MOSS_GGUF_CACHE"}
-    if _USER_CACHE:
-        env["MOSS_GGUF_CACHE"] = _USER_CACHE
-    out = subprocess.run(
-        ["bash", str(REPO / "scripts" / "get-llama-cpp.sh")],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=env,
-    )
-    return Path(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="session")
@@ -85,7 +62,7 @@ def native(tiny_extracted: Path, ggufs: Path) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def llama(
-    tiny_model: Path, tiny_extracted: Path, llama_cpp_tree: Path, ggufs: Path
+    tiny_model: Path, tiny_extracted: Path, llama_tree: Path, ggufs: Path
 ) -> dict[str, tuple[Path, RecordingProgress]]:
     """llama.cpp's converter for every out type; f16 from the source (the engine extracts)."""
     out = {}
@@ -97,7 +74,7 @@ def llama(
             ggufs / f"llama-{t}.gguf",
             outtype=t,
             engine="llama.cpp",
-            llama_cpp=llama_cpp_tree,
+            llama_cpp=llama_tree,
             progress=rec,
         )
         out[t] = (result.outfile, rec)
@@ -496,7 +473,7 @@ def test_nan_in_source_is_refused(tiny_extracted: Path, tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- llama.cpp engine
 
 
-def test_missing_llama_cpp_tree(tiny_extracted: Path, tmp_path: Path) -> None:
+def test_missing_llama_tree(tiny_extracted: Path, tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     out = tmp_path / "model.gguf"
@@ -507,13 +484,13 @@ def test_missing_llama_cpp_tree(tiny_extracted: Path, tmp_path: Path) -> None:
     assert not out.exists()
 
 
-def test_converter_failure_is_one_line(llama_cpp_tree: Path, tiny_extracted: Path, tmp_path):
+def test_converter_failure_is_one_line(llama_tree: Path, tiny_extracted: Path, tmp_path):
     """The real converter failing (an architecture it does not know) → its last lines."""
     folder = backbone_copy(tiny_extracted, tmp_path / "backbone")
     edit_config(folder, architectures=["MossNotARealModelForCausalLM"])
     with pytest.raises(ToolError) as err:
         run_converter(
-            llama_cpp_tree / "convert_hf_to_gguf.py", llama_cpp_tree / "gguf-py", folder,
+            llama_tree / "convert_hf_to_gguf.py", llama_tree / "gguf-py", folder,
             tmp_path / "x.gguf", OutType.F16, 25, 1,
         )  # fmt: skip
     line = err.value.one_line()

@@ -25,9 +25,6 @@ from moss_gguf_cli.errors import OutputError, ToolError
 
 REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()
-# the llama.cpp tree is built in the user's cache (as in test_quantize); remember it before
-# conftest moves MOSS_GGUF_CACHE
-_USER_CACHE = os.environ.get("MOSS_GGUF_CACHE")
 VERSION_ROWS = [
     "moss-gguf",
     "Python",
@@ -78,25 +75,6 @@ def no_llama_quantize(monkeypatch: pytest.MonkeyPatch) -> None:
         if not (Path(d) / "llama-quantize").exists()
     ]
     monkeypatch.setenv("PATH", os.pathsep.join(keep))
-
-
-@pytest.fixture(scope="session")
-def llama_tree() -> Path:
-    env_dir = os.environ.get("LLAMA_CPP_DIR")
-    if env_dir:
-        return Path(env_dir)
-    env = {k: v for k, v in os.environ.items() if k != "MOSS_GGUF_CACHE"}
-    if _USER_CACHE:
-        env["MOSS_GGUF_CACHE"] = _USER_CACHE
-    done = subprocess.run(
-        ["bash", str(REPO / "scripts" / "get-llama-cpp.sh")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=3600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return Path(done.stdout.strip().splitlines()[-1])
 
 
 def _tmpfs(folder: Path, size: str):

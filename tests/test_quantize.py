@@ -16,7 +16,6 @@ import signal
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import gguf
@@ -27,6 +26,7 @@ from typer.testing import CliRunner
 from moss_gguf_cli import llama_cpp as lc
 from moss_gguf_cli.cli.app import app
 from moss_gguf_cli.errors import InputError, OutputError, ToolError, UsageError
+from moss_gguf_cli.pins import LLAMA_CPP_PYTHON
 from moss_gguf_cli.progress import RecordingProgress
 from moss_gguf_cli.quantize import (
     file_types,
@@ -42,31 +42,9 @@ REPO = Path(__file__).resolve().parents[1]
 TYPES = ["Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"]
 runner = CliRunner()
 
-# conftest points MOSS_GGUF_CACHE at a per-session folder once fixtures run; the llama.cpp
-# build must use the real cache, so remember the value from before (import time).
-_USER_CACHE = os.environ.get("MOSS_GGUF_CACHE")
 
 
 # ----------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="session")
-def llama_tree() -> Path:
-    env_dir = os.environ.get("LLAMA_CPP_DIR")
-    if env_dir:
-        return Path(env_dir)
-    env = {k: v for k, v in os.environ.items() if k != "MOSS_GGUF_CACHE"}
-    if _USER_CACHE:
-        env["MOSS_GGUF_CACHE"] = _USER_CACHE
-    done = subprocess.run(
-        ["bash", str(REPO / "scripts" / "get-llama-cpp.sh")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=3600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return Path(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="session")
@@ -197,9 +175,9 @@ def test_get_llama_cpp_script_second_run_is_a_no_op(llama_tree: Path):
     pin = llama_tree / lc.PIN_FILE
     assert pin.is_file(), "the tree should come from scripts/get-llama-cpp.sh"
     version = dict(line.split("=", 1) for line in pin.read_text().splitlines())
+    assert version["llama_cpp_python"] == LLAMA_CPP_PYTHON  # the one pin
     env = {k: v for k, v in os.environ.items() if k != "MOSS_GGUF_CACHE"}
     env["MOSS_GGUF_CACHE"] = str(llama_tree.parent)
-    env["LLAMA_CPP_PYTHON_VERSION"] = version["llama_cpp_python"]
     done = subprocess.run(
         ["bash", str(REPO / "scripts" / "get-llama-cpp.sh")],
         capture_output=True,
@@ -579,21 +557,19 @@ def test_interrupt_removes_the_partial_output(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_ctrl_c_in_a_real_process(tiny_f16: Path, llama_tree: Path, tmp_path: Path):
+def test_ctrl_c_in_a_real_process(tiny_f16: Path, llama_tree: Path, tmp_path: Path, held_run):
     for engine in ("binary", "library"):
         out = tmp_path / f"{engine}.gguf"
-        proc = subprocess.Popen(
+        proc = held_run(
             [sys.executable, "-m", "moss_gguf_cli", "quantize", str(tiny_f16), str(out)]
             + ["Q4_K_M", "--engine", engine, "--llama-cpp", str(llama_tree)],
+            "quantize",
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        deadline = time.monotonic() + 120
-        while not list(tmp_path.glob(f".{out.name}.partial-*")) and proc.poll() is None:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        assert proc.poll() is None, "finished before it could be interrupted"
+        # held after its first tensor: the partial output is there, the run unfinished
+        assert list(tmp_path.glob(f".{out.name}.partial-*")) and proc.poll() is None
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 130, err

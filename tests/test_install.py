@@ -1,0 +1,179 @@
+"""The install: one pinned llama.cpp, CPU flags from /proc/cpuinfo, doctor's fit row."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from moss_gguf_cli import cpu_features as cf
+from moss_gguf_cli import doctor as dr
+from moss_gguf_cli import pins
+from moss_gguf_cli.report import FAIL, PASS, WARN
+
+REPO = Path(__file__).resolve().parents[1]
+
+BASE = "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush mmx fxsr"
+HASWELL = f"{BASE} sse sse2 ssse3 pni sse4_1 sse4_2 popcnt avx f16c fma avx2 bmi1 bmi2"
+ZEN4 = (
+    f"{HASWELL} avx512f avx512dq avx512ifma avx512cd avx512bw avx512vl avx512_bf16 "
+    "avx512vbmi avx512_vbmi2 avx512_vnni avx512_bitalg avx512_vpopcntdq"
+)
+SAPPHIRE = f"{ZEN4} avx_vnni amx_bf16 amx_tile amx_int8"
+SANDY = f"{BASE} sse sse2 ssse3 pni sse4_1 sse4_2 popcnt avx"
+
+
+def cpuinfo(flags: str) -> str:
+    return (
+        "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Test CPU\n"
+        f"flags\t\t: {flags}\nbugs\t\t: spectre_v1\n\nprocessor\t: 1\nflags\t\t: fpu\n"
+    )
+
+
+def options(flags: str) -> dict[str, bool]:
+    return dict(cf.choose_build_flags(cf.cpu_flags(cpuinfo(flags))).options)
+
+
+def test_avx2_only_cpu_gets_no_avx512():
+    o = options(HASWELL)
+    assert o["GGML_AVX2"] and o["GGML_FMA"] and o["GGML_F16C"] and o["GGML_BMI2"]
+    assert not o["GGML_AVX512"] and not o["GGML_AVX512_VNNI"] and not o["GGML_AVX_VNNI"]
+
+
+def test_avx512_cpu_gets_avx512_and_its_extensions():
+    o = options(ZEN4)
+    assert o["GGML_AVX512"] and o["GGML_AVX512_VBMI"]
+    assert o["GGML_AVX512_VNNI"] and o["GGML_AVX512_BF16"]
+
+
+def test_amx_is_never_enabled():
+    o = options(SAPPHIRE)
+    assert o["GGML_AVX512"] and o["GGML_AVX_VNNI"]
+    assert not (o["GGML_AMX_TILE"] or o["GGML_AMX_INT8"] or o["GGML_AMX_BF16"])
+
+
+def test_avx_without_avx2_and_partial_avx512():
+    o = options(SANDY)
+    assert o["GGML_AVX"] and o["GGML_SSE42"]
+    assert not (o["GGML_AVX2"] or o["GGML_FMA"] or o["GGML_F16C"] or o["GGML_BMI2"])
+    # avx512f alone is not the set GGML_AVX512 compiles for (-mavx512bw/dq/vl too)
+    o = options(f"{HASWELL} avx512f avx512_vnni")
+    assert not o["GGML_AVX512"] and not o["GGML_AVX512_VNNI"]
+
+
+def test_every_option_is_explicit_and_native_is_off():
+    flags = cf.choose_build_flags(cf.cpu_flags(cpuinfo(HASWELL)))
+    args = flags.cmake_args.split()
+    assert args[0] == "-DGGML_NATIVE=OFF"
+    names = [a.split("=")[0].removeprefix("-D") for a in args[1:]]
+    assert names == [n for n, _ in cf.GGML_ISA_OPTIONS] + list(cf.GGML_ALWAYS_OFF)
+    assert "-DGGML_AVX512=OFF" in args and "-DGGML_AVX2=ON" in args
+
+
+def test_key_follows_the_flags():
+    a = cf.choose_build_flags(cf.cpu_flags(cpuinfo(HASWELL)))
+    b = cf.choose_build_flags(cf.cpu_flags(cpuinfo(ZEN4)))
+    assert a.key != b.key and len(a.key) == 12
+    assert a.key == cf.choose_build_flags(cf.cpu_flags(cpuinfo(HASWELL))).key
+
+
+def test_cpuinfo_without_flags():
+    assert cf.cpu_flags("processor : 0\n") == frozenset()
+    o = dict(cf.choose_build_flags(frozenset()).options)
+    assert not any(o.values())
+
+
+def test_module_prints_this_machines_cmake_args():
+    done = subprocess.run(
+        [sys.executable, "-m", "moss_gguf_cli.cpu_features"], capture_output=True, text=True,
+        cwd=REPO, check=True,
+    )  # fmt: skip
+    expected = cf.choose_build_flags(cf.read_cpu_flags())
+    if cf.is_x86_64():
+        assert done.stdout.strip() == expected.cmake_args
+    else:
+        assert done.stdout.strip() == ""
+    bad = subprocess.run(
+        [sys.executable, "-m", "moss_gguf_cli.cpu_features", "--nope"], capture_output=True,
+        text=True, cwd=REPO,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "usage" in bad.stderr
+
+
+# ----------------------------------------------------------------------------- doctor's row
+
+AVX512_BUILD = (
+    "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | "
+    "AVX512 = 1 | AVX512_VBMI = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | LLAMAFILE = 1 | "
+    "OPENMP = 1 | REPACK = 1 | "
+)
+AVX2_BUILD = (
+    "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | "
+    "LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | "
+)
+
+
+@pytest.mark.parametrize(
+    "system_info, flags, status, words",
+    [
+        (AVX512_BUILD, ZEN4, PASS, "matches this CPU"),
+        (AVX512_BUILD, HASWELL, FAIL, "lacks AVX512"),
+        (AVX2_BUILD, ZEN4, WARN, "also has AVX512"),
+        (AVX2_BUILD, HASWELL, PASS, "matches this CPU"),
+        (AVX512_BUILD + "AMX_INT8 = 1 | ", SAPPHIRE, WARN, "AMX is compiled in"),
+    ],
+)
+def test_doctor_cpu_fit_row(system_info, flags, status, words):
+    row = dr.cpu_fit_row("Test CPU", system_info, flags.split())
+    assert row.status == status, row
+    assert words in row.detail
+    assert "llama.cpp uses SSE3" in row.detail
+    if status != PASS:
+        assert "moss_gguf_cli.cpu_features" in row.fix
+
+
+def test_installed_build_matches_this_cpu():
+    """scripts/install.sh built the installed llama-cpp-python for this very CPU."""
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info().decode()
+    fit = cf.build_fit(info, cf.read_cpu_flags())
+    assert fit.fits and not fit.unused, (info, fit)
+    report_row = dr.cpu_fit_row("this CPU", info, sorted(cf.read_cpu_flags()))
+    assert report_row.status == PASS, report_row
+
+
+# ----------------------------------------------------------------------------- the one pin
+
+
+def test_pyproject_requires_exactly_the_pin():
+    import re
+
+    text = (REPO / "pyproject.toml").read_text()
+    reqs = re.findall(r'"llama-cpp-python([^"]*)"', text)
+    assert reqs == [f"=={pins.LLAMA_CPP_PYTHON}"]
+
+
+def test_installed_llama_cpp_python_is_the_pin():
+    import llama_cpp
+
+    assert llama_cpp.__version__ == pins.LLAMA_CPP_PYTHON
+
+
+def test_scripts_take_the_version_from_the_pin():
+    for script in ("install.sh", "get-llama-cpp.sh"):
+        text = (REPO / "scripts" / script).read_text()
+        assert "moss_gguf_cli.pins llama-cpp-python" in text, script
+        assert "0.3." not in text, script  # no second copy of the version
+    ci = (REPO / ".ci" / "run").read_text()
+    readme = (REPO / "README.md").read_text()
+    for command in ("bash scripts/install.sh && moss-gguf all --model builtin:tiny",
+                    "bash scripts/install.sh --test && ruff check . && python -m pytest -q"):
+        assert command in ci and command in readme, command
+    done = subprocess.run(
+        [sys.executable, "-m", "moss_gguf_cli.pins", "llama-cpp-python"], capture_output=True,
+        text=True, cwd=REPO, check=True,
+    )  # fmt: skip
+    assert done.stdout.strip() == pins.LLAMA_CPP_PYTHON
