@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from .errors import InputError, UnsupportedModelError
-from .progress import ProgressReporter, ensure
+from .hub import download, is_repo_id
+from .progress import ProgressReporter
 from .safetensors_io import TensorInfo, read_header, to_f32
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,6 @@ TOKENIZER_FILES = (
 )
 HUB_PATTERNS = ["*.safetensors", INDEX_NAME, "config.json", *TOKENIZER_FILES]
 BUILTIN_PREFIX = "builtin:"
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 # defaults of DESIGN.md §2, used only when the config lacks the key
 TOKEN_DEFAULTS = {
@@ -464,77 +463,13 @@ def resolve_model(
         if not path.is_dir():
             raise InputError("expected a checkpoint folder, got a file", path=path)
         return path
-    if not _REPO_ID.match(model) or model.startswith((".", "/", "~")):
+    if not is_repo_id(model):
         raise InputError(
             "model folder not found",
             path=path,
             hint="give an existing folder, a Hub repo id like OpenMOSS-Team/MOSS-TTS,"
             " or builtin:tiny",
         )
-    return _download(model, revision, cache_dir, progress)
+    return download(model, HUB_PATTERNS, revision, cache_dir, progress)
 
 
-def _download(
-    repo_id: str, revision: str | None, cache_dir: Path | None, progress: ProgressReporter | None
-) -> Path:
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
-
-    try:
-        local = snapshot_download(
-            repo_id,
-            revision=revision,
-            cache_dir=str(cache_dir) if cache_dir else None,
-            allow_patterns=HUB_PATTERNS,
-            tqdm_class=_tqdm_for(ensure(progress)),
-        )
-    except GatedRepoError as exc:
-        raise InputError(
-            f"{repo_id} is gated",
-            hint="accept its licence on the Hub and log in with `hf auth login`",
-        ) from exc
-    except RepositoryNotFoundError as exc:
-        raise InputError(
-            f"Hub repository {repo_id} not found",
-            hint="check the repo id, or log in if it is private",
-        ) from exc
-    except RevisionNotFoundError as exc:
-        raise InputError(f"revision {revision!r} not found in {repo_id}") from exc
-    except LocalEntryNotFoundError as exc:
-        raise InputError(
-            f"{repo_id} is not in the local Hub cache and downloading is off or failed",
-            hint="connect to the network, unset HF_HUB_OFFLINE, or pass "
-            "--cache-dir pointing at a cache that holds it",
-        ) from exc
-    return Path(local)
-
-
-def _tqdm_for(progress: ProgressReporter):
-    """A tqdm class that forwards the hub client's byte counts to our progress protocol."""
-    from tqdm.auto import tqdm
-
-    class _Forward(tqdm):  # type: ignore[misc]
-        def __init__(self, *args, **kwargs):
-            kwargs["disable"] = True
-            super().__init__(*args, **kwargs)
-            self._key = f"hub-{id(self)}"
-            progress.start(
-                self._key,
-                kwargs.get("desc") or "download",
-                kwargs.get("total"),
-                kwargs.get("unit", ""),
-            )
-
-        def update(self, n=1):
-            progress.advance(self._key, n or 0)
-
-        def close(self):
-            progress.finish(self._key)
-            super().close()
-
-    return _Forward

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from . import __version__
+from .audio_tokenizer import AudioTokenizer, open_folder
 from .checkpoint import TOKENIZER_FILES, read_json
 from .digests import sha256_cached
 from .errors import InputError, UsageError
@@ -118,7 +119,9 @@ def read_meta(extracted: Path) -> dict[str, Any]:
     return meta
 
 
-def plan(extracted: Path, ggufs: list[Path], audio_tokenizer: Path | None) -> list[Placement]:
+def plan(
+    extracted: Path, ggufs: list[Path], audio_tokenizer: AudioTokenizer | None
+) -> list[Placement]:
     meta = read_meta(extracted)
     emb, heads = expected_tables(meta["n_vq"])
     items: list[Placement] = []
@@ -151,23 +154,17 @@ def plan(extracted: Path, ggufs: list[Path], audio_tokenizer: Path | None) -> li
     return items
 
 
-def audio_tokenizer_files(folder: Path) -> list[Placement]:
-    """encoder.onnx / decoder.onnx and any external-data files beside them."""
-    if not folder.is_dir():
-        raise InputError("audio tokenizer folder not found", path=folder)
-    names = sorted(p.name for p in folder.iterdir() if p.is_file())
-    if "decoder.onnx" not in names:
-        raise InputError(
-            "no decoder.onnx in the audio tokenizer folder",
-            path=folder,
-            hint="point --audio-tokenizer at the MOSS-Audio-Tokenizer ONNX folder",
-        )
-    keep = [n for n in names if n.endswith((".onnx", ".data", ".onnx_data", ".json"))]
-    return [Placement(folder / n, f"{AUDIO_TOKENIZER_DIR}/{n}", movable=False) for n in keep]
+def audio_tokenizer_files(codec: AudioTokenizer) -> list[Placement]:
+    """The graphs and their external-data files, under audio_tokenizer/ as in their folder."""
+    return [
+        Placement(codec.folder / rel, f"{AUDIO_TOKENIZER_DIR}/{rel.as_posix()}", movable=False)
+        for rel in codec.files
+    ]
 
 
 def _place(src: Path, dest: Path, mode: LayoutMode) -> str:
     dest.parent.mkdir(parents=True, exist_ok=True)
+    src = src.resolve()  # a Hub snapshot holds symlinks into its blobs: place the blob
     if mode is LayoutMode.move:
         shutil.move(src, dest)
         return "moved"
@@ -213,7 +210,9 @@ def gguf_file_type(path: Path) -> str | None:
         return None
 
 
-def synth_config(gguf_rel: str, has_audio: bool, overrides: dict[str, Any] | None) -> dict:
+def synth_config(
+    gguf_rel: str, codec: AudioTokenizer | None, overrides: dict[str, Any] | None
+) -> dict:
     config: dict[str, Any] = {
         "backbone_gguf": gguf_rel,
         "embedding_dir": EMBEDDING_DIR,
@@ -221,8 +220,10 @@ def synth_config(gguf_rel: str, has_audio: bool, overrides: dict[str, Any] | Non
         "tokenizer_dir": TOKENIZER_DIR,
     }
     config["audio_backend"] = SYNTH_DEFAULTS["audio_backend"]
-    config["audio_encoder_onnx"] = f"{AUDIO_TOKENIZER_DIR}/encoder.onnx" if has_audio else None
-    config["audio_decoder_onnx"] = f"{AUDIO_TOKENIZER_DIR}/decoder.onnx" if has_audio else None
+    enc = codec.encoder if codec is not None else None
+    dec = codec.decoder if codec is not None else None
+    config["audio_encoder_onnx"] = f"{AUDIO_TOKENIZER_DIR}/{enc.as_posix()}" if enc else None
+    config["audio_decoder_onnx"] = f"{AUDIO_TOKENIZER_DIR}/{dec.as_posix()}" if dec else None
     for key, value in SYNTH_DEFAULTS.items():
         config.setdefault(key, value)
     for key, value in (overrides or {}).items():
@@ -249,7 +250,7 @@ def layout(
     output: Path,
     *,
     mode: LayoutMode | str = LayoutMode.link,
-    audio_tokenizer: Path | None = None,
+    audio_tokenizer: AudioTokenizer | Path | None = None,
     config_name: str = CONFIG_NAME,
     synth_overrides: dict[str, Any] | None = None,
     source_model: str | None = None,
@@ -263,8 +264,35 @@ def layout(
         raise UsageError("no GGUF given", hint="pass --gguf FILE")
     extracted = Path(extracted)
     output = Path(output)
+    if isinstance(audio_tokenizer, (str, Path)):
+        audio_tokenizer = open_folder(Path(audio_tokenizer))
     items = plan(extracted, ggufs, audio_tokenizer)
     meta = read_meta(extracted)  # before any file moves away
+    return arrange(
+        items, meta, [g.name for g in ggufs], output, mode=mode, codec=audio_tokenizer,
+        config_name=config_name, synth_overrides=synth_overrides, source_model=source_model,
+        force=force, progress=progress,
+    )  # fmt: skip
+
+
+def arrange(
+    items: list[Placement],
+    meta: dict[str, Any],
+    gguf_names: list[str],
+    output: Path,
+    *,
+    mode: LayoutMode = LayoutMode.link,
+    codec: AudioTokenizer | None = None,
+    config_name: str = CONFIG_NAME,
+    synth_overrides: dict[str, Any] | None = None,
+    source_model: str | None = None,
+    force: bool = False,
+    progress: ProgressReporter | None = None,
+) -> LayoutResult:
+    """Place ITEMS into OUTPUT (staged, renamed when complete), then write YAML(s) and manifest."""
+    mode = LayoutMode(mode)
+    output = Path(output)
+    ggufs = [Path(n) for n in gguf_names]
     bar = ensure(progress)
     counts = {"linked": 0, "copied": 0, "moved": 0}
     with Staging(output, force=force) as stage:
@@ -285,13 +313,12 @@ def layout(
             hold("layout")
         bar.finish("layout")
 
-        has_audio = audio_tokenizer is not None
         config_path = stage.path / config_name
-        write_yaml(config_path, synth_config(ggufs[0].name, has_audio, synth_overrides))
+        write_yaml(config_path, synth_config(ggufs[0].name, codec, synth_overrides))
         extra = []
         for g in ggufs[1:]:
             name = f"{Path(config_name).stem}-{g.stem}.yaml"
-            write_yaml(stage.path / name, synth_config(g.name, has_audio, synth_overrides))
+            write_yaml(stage.path / name, synth_config(g.name, codec, synth_overrides))
             extra.append(output / name)
 
         rels = [i.rel for i in items] + [config_name] + [p.name for p in extra]
@@ -312,6 +339,7 @@ def layout(
                 "npy_dtype": meta.get("npy_dtype"),
             },
             "config": config_name,
+            "audio_tokenizer": codec.source if codec is not None else None,
             "files": [e.__dict__ for e in entries],
         }
         (stage.path / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -325,3 +353,59 @@ def layout(
         extra_configs=extra,
         **counts,
     )
+
+
+@dataclass
+class CodecResult:
+    output: Path
+    codec: AudioTokenizer
+    configs: list[Path]
+    entries: list[ManifestEntry]
+
+
+def add_audio_tokenizer(
+    output: Path, codec: AudioTokenizer, progress: ProgressReporter | None = None
+) -> CodecResult:
+    """Put CODEC into an existing weights folder: audio_tokenizer/, every YAML, the manifest."""
+    output = Path(output)
+    manifest_path = output / MANIFEST_NAME
+    if not manifest_path.is_file():
+        raise InputError(
+            f"{MANIFEST_NAME} not found: not a weights folder",
+            path=output,
+            hint="pass the --output of `moss-gguf all` or `layout`, or --extracted and --gguf",
+        )
+    manifest = read_json(manifest_path, MANIFEST_NAME)
+    configs = sorted(
+        p for p in output.glob("*.yaml")
+        if isinstance(data := yaml.safe_load(p.read_text(encoding="utf-8")), dict)
+        and "backbone_gguf" in data
+    )  # fmt: skip
+    items = audio_tokenizer_files(codec)
+    bar = ensure(progress)
+    with Staging(output / AUDIO_TOKENIZER_DIR, force=True) as stage:
+        for item in items:
+            rel = Path(item.rel).relative_to(AUDIO_TOKENIZER_DIR)
+            _place(item.source, stage.path / rel, LayoutMode.link)
+        stage.commit()
+    enc = f"{AUDIO_TOKENIZER_DIR}/{codec.encoder.as_posix()}" if codec.encoder else None
+    for path in configs:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data["audio_encoder_onnx"] = enc
+        data["audio_decoder_onnx"] = f"{AUDIO_TOKENIZER_DIR}/{codec.decoder.as_posix()}"
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        write_yaml(tmp, data)
+        os.replace(tmp, path)
+    kept = [
+        f for f in manifest.get("files", [])
+        if not f["path"].startswith(AUDIO_TOKENIZER_DIR + "/")
+        and f["path"] not in {p.name for p in configs}
+    ]  # fmt: skip
+    rels = [i.rel for i in items] + [p.name for p in configs]
+    entries = hash_entries(output, rels, bar)
+    manifest["files"] = kept + [e.__dict__ for e in entries]
+    manifest["audio_tokenizer"] = codec.source
+    tmp = manifest_path.with_name(f".{MANIFEST_NAME}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(tmp, manifest_path)
+    return CodecResult(output, codec, configs, entries)

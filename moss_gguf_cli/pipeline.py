@@ -9,6 +9,7 @@ intermediate safetensors copy is written unless asked for.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -21,11 +22,24 @@ from pathlib import Path
 
 import numpy as np
 
+from .audio_tokenizer import default_source as default_codec
+from .audio_tokenizer import resolve as resolve_codec
 from .checkpoint import open_checkpoint, resolve_model
+from .digests import remember_sha256
 from .errors import MossGgufError, NumericError, OutputError, UsageError
-from .extract import EMBEDDING_DIR, LM_HEAD_DIR, extract, npy_jobs
+from .extract import EMBEDDING_DIR, LM_HEAD_DIR, META_NAME, extract, npy_jobs
 from .holds import hold
-from .layout import MANIFEST_NAME, LayoutMode, expected_tables, layout, read_meta
+from .layout import (
+    MANIFEST_NAME,
+    LayoutMode,
+    Placement,
+    arrange,
+    audio_tokenizer_files,
+    expected_tables,
+    layout,
+    read_meta,
+)
+from .preconverted import GgufRepo, choose, derive_meta, fetch, recognise, write_meta
 from .progress import ProgressReporter, ensure
 from .source_pages import SourcePages
 from .staging import human_bytes, remove_stale_partials
@@ -69,7 +83,8 @@ class AllSettings:
     force: bool = False
     revision: str | None = None
     cache_dir: Path | None = None
-    audio_tokenizer: Path | None = None
+    audio_tokenizer: str | Path | None = None  # None: the model's own; "none": no codec
+    audio_tokenizer_revision: str | None = None
     threads: int | None = None
 
 
@@ -91,6 +106,7 @@ class AllResult:
     intermediate: Path | None
     notes: list[str] = field(default_factory=list)
     verify_report: object | None = None
+    speaks: bool = True  # False: no audio tokenizer in the folder yet
 
     @property
     def total_bytes(self) -> int:
@@ -175,6 +191,10 @@ def run_all(
     from .quantize import Engine, output_name, parse_file_type, resolve_engine
 
     bar = ensure(progress)
+    if not settings.model.startswith("builtin:"):
+        repo = recognise(settings.model, settings.revision, settings.cache_dir)
+        if repo is not None:
+            return run_preconverted(settings, repo, bar)
     output = Path(settings.output)
     quants = [parse_file_type(q) for q in settings.quants] or ["Q4_K_M"]
     if settings.outtype not in ("auto", "f16", "bf16"):
@@ -200,7 +220,20 @@ def run_all(
             llama_cpp=settings.llama_cpp,
             engine=settings.engine,
         )
+    # the codec before the model: a missing one fails in seconds, not after the conversion.
+    # A local folder is looked at first: refusing a look-alike model needs no codec.
+    if not layout_done and not is_tiny and Path(settings.model).expanduser().is_dir():
+        open_checkpoint(Path(settings.model).expanduser())
+    codec = None
+    if not layout_done:
+        codec = resolve_codec(
+            settings.audio_tokenizer, builtin=is_tiny,
+            revision=settings.audio_tokenizer_revision, cache_dir=settings.cache_dir,
+            progress=bar,
+        )  # fmt: skip
     model_dir = resolve_model(settings.model, settings.revision, settings.cache_dir, bar)
+    if codec is not None and settings.audio_tokenizer is None:
+        default_codec(builtin=is_tiny, sampling_rate=open_checkpoint(model_dir).moss.sampling_rate)
     engine, _ = resolve_engine(Engine(settings.engine), settings.llama_cpp)
     if (
         not layout_done
@@ -375,12 +408,6 @@ def run_all(
     # 4. layout: hard links from the work folder (same filesystem, so no copies); the work
     #    folder (all but the intermediate GGUF) stays until the end, so a run killed here
     #    resumes at this step
-    audio = settings.audio_tokenizer
-    if audio is None and is_tiny:
-        from .tiny import cache_root
-        from .tiny_codec import ensure_tiny_codec
-
-        audio = ensure_tiny_codec(cache_root() / "builtin" / "tiny-codec")[0].parent
     if layout_done:
         skipped("layout")
     else:
@@ -390,7 +417,7 @@ def run_all(
             ggufs,
             output,
             mode=LayoutMode.link,
-            audio_tokenizer=audio,
+            audio_tokenizer=codec,
             synth_overrides=_DEMO_SYNTH if is_tiny else None,
             source_model=settings.model,
             force=True,
@@ -401,15 +428,8 @@ def run_all(
     # 5. verify the finished folder (fast checks)
     t = step("verify")
     hold("verify")
-    report = _verify(output, bar)
-    if report is not None and not report.ok:
-        failed = [row for row in report.rows if row.status == "fail"]
-        raise MossGgufError(
-            f"verify failed: {failed[0].name}: {failed[0].detail} ({len(failed)} failing checks)",
-            path=output,
-            hint="`moss-gguf verify` shows the full report; --force redoes all",
-        )
-    done("verify", t, "all checks pass" if report is not None else "verify unavailable")
+    report, detail = _verify_step(output, bar)
+    done("verify", t, detail)
     bar.finish("steps")
 
     if dropping is not None:
@@ -422,14 +442,14 @@ def run_all(
             work.rename(kept)
         else:
             shutil.rmtree(work)
-    import json
-
     manifest = json.loads((output / MANIFEST_NAME).read_text())
     config = output / manifest.get("config", "moss-tts.yaml")
     files = [(f["path"], f["size"]) for f in manifest["files"]]
+    speaks = manifest.get("audio_tokenizer", "?") is not None
     return AllResult(
-        output, config, [output / g.name for g in ggufs], steps, files, kept, notes, report
-    )
+        output, config, [output / g.name for g in ggufs], steps, files, kept, notes, report,
+        speaks=speaks,
+    )  # fmt: skip
 
 
 def _source_pages(model_dir: Path, extracting: bool, converting: bool) -> SourcePages:
@@ -454,10 +474,83 @@ def _yield_cpu() -> None:
         pass
 
 
-def _verify(output: Path, progress: ProgressReporter):
-    try:
-        from .verify import verify
-    except ImportError:
-        log.warning("verify is not available in this build; skipped")
-        return None
-    return verify(output, progress=progress)
+def _verify_step(output: Path, progress: ProgressReporter):
+    """verify's fast checks of the finished folder; raises on a failing row. (report, detail)"""
+    from .verify import CODEC_ROW, verify  # an import error fails the step, never "done"
+
+    report = verify(output, progress=progress)
+    silent = json.loads((output / MANIFEST_NAME).read_text()).get("audio_tokenizer", "?") is None
+    # a folder made without a codec fails verify's codec row by design; all else must pass
+    failed = [
+        row for row in report.rows
+        if row.status == "fail" and not (silent and row.name == CODEC_ROW)
+    ]  # fmt: skip
+    if failed:
+        raise MossGgufError(
+            f"verify failed: {failed[0].name}: {failed[0].detail} ({len(failed)} failing checks)",
+            path=output,
+            hint="`moss-gguf verify` shows the full report; --force redoes all",
+        )
+    return report, ("all checks pass" if not silent else "all checks pass but the codec's")
+
+
+def run_preconverted(
+    settings: AllSettings, repo: GgufRepo, progress: ProgressReporter | None = None
+) -> AllResult:
+    """`all` on pre-converted weights: fetch and check them, lay them out, verify."""
+    bar = ensure(progress)
+    output = Path(settings.output)
+    steps: list[StepResult] = []
+    paths = choose(repo, settings.quants)
+    names = [Path(p).name for p in paths]
+    finished = not settings.force and _layout_complete(output, names)
+    if (
+        not finished and not settings.force and output.exists()
+        and (not output.is_dir() or any(output.iterdir()))
+    ):  # fmt: skip
+        raise OutputError(
+            "output exists and is not a finished `all` run of these weights",
+            path=output,
+            hint="choose another --output or pass --force to replace it",
+        )
+    if finished:
+        steps += [StepResult("download", "skipped"), StepResult("layout", "skipped")]
+    else:
+        t = time.perf_counter()
+        codec = resolve_codec(
+            settings.audio_tokenizer, builtin=False, revision=settings.audio_tokenizer_revision,
+            cache_dir=settings.cache_dir, progress=bar,
+        )  # fmt: skip
+        root, digests = fetch(repo, paths, settings.revision, settings.cache_dir, bar)
+        for rel, digest in digests.items():
+            remember_sha256((root / rel).resolve(), digest)  # layout's manifest reuses them
+        detail = f"{len(digests)} files, sha256 as the Hub lists" if digests else "local copy"
+        steps.append(StepResult("download", "done", time.perf_counter() - t, detail))
+        t = time.perf_counter()
+        meta = derive_meta(root, repo, paths[0])
+        output.parent.mkdir(parents=True, exist_ok=True)
+        meta_path = write_meta(meta, output.parent)
+        try:
+            items = [Placement(root / p, Path(p).name, movable=False) for p in paths]
+            items += [Placement(root / p, p, movable=False) for p in repo.tables + repo.tokenizer]
+            items.append(Placement(meta_path, META_NAME, movable=False))
+            if codec is not None:
+                items += audio_tokenizer_files(codec)
+            r = arrange(
+                items, meta, names, output, codec=codec, source_model=repo.source,
+                force=settings.force, progress=bar,
+            )  # fmt: skip
+        finally:
+            shutil.rmtree(meta_path.parent, ignore_errors=True)
+        took = time.perf_counter() - t
+        steps.append(StepResult("layout", "done", took, f"{len(r.entries)} files"))
+    t = time.perf_counter()
+    report, detail = _verify_step(output, bar)
+    steps.append(StepResult("verify", "done", time.perf_counter() - t, detail))
+    manifest = json.loads((output / MANIFEST_NAME).read_text())
+    config = output / manifest.get("config", "moss-tts.yaml")
+    files = [(f["path"], f["size"]) for f in manifest["files"]]
+    return AllResult(
+        output, config, [output / n for n in names], steps, files, None, [], report,
+        speaks=manifest.get("audio_tokenizer", "?") is not None,
+    )  # fmt: skip

@@ -63,6 +63,10 @@ GROUPS = ("files", "tables", "manifest", "gguf", "tokenizer", "cross", "source",
 TOKENIZER_REQUIRED = ("tokenizer.json", "tokenizer_config.json")
 YAML_PATH_KEYS = ("backbone_gguf", "embedding_dir", "lm_head_dir", "tokenizer_dir")
 YAML_ONNX_KEYS = ("audio_encoder_onnx", "audio_decoder_onnx")
+CODEC_ROW = "audio tokenizer"
+CODEC_FIX = (
+    "moss-gguf layout --output FOLDER --audio-tokenizer OpenMOSS-Team/MOSS-Audio-Tokenizer-ONNX"
+)
 F16_MAX = 65504.0
 CHUNK_BYTES = 16 << 20  # streaming read size per worker
 WORKERS = max(1, min(os.cpu_count() or 1, 8))
@@ -360,6 +364,7 @@ class Target:
     backbone_dir: Path | None = None
     yamls: list[Path] = field(default_factory=list)  # synth configs to check
     yaml_problems: list[str] = field(default_factory=list)
+    codec_problems: list[str] = field(default_factory=list)
 
 
 def _is_gguf_file(path: Path) -> bool:
@@ -463,9 +468,10 @@ def _check_yaml(t: Target, path: Path, adopt: bool) -> dict[str, Any]:
 
     for key in YAML_PATH_KEYS + YAML_ONNX_KEYS:
         value = data.get(key)
+        onnx = key in YAML_ONNX_KEYS
+        report = t.codec_problems.append if onnx else problem
         if value is None:
-            if key in YAML_PATH_KEYS:
-                problem(f"{key} is not set")
+            report(f"{path.name}: {key} is not set" if onnx else f"{key} is not set")
             continue
         p = _yaml_path(value, base)
         if p is None:
@@ -473,7 +479,8 @@ def _check_yaml(t: Target, path: Path, adopt: bool) -> dict[str, Any]:
             continue
         is_dir = key.endswith("_dir")
         if not (p.is_dir() if is_dir else p.is_file()):
-            problem(f"{key} points at a missing {_rel(p, base)}")
+            msg = f"{key} points at a missing {_rel(p, base)}"
+            report(f"{path.name}: {msg}" if onnx else msg)
         if adopt and key in YAML_PATH_KEYS:
             if key == "backbone_gguf":
                 t.ggufs = [p]
@@ -1254,6 +1261,10 @@ class _Verifier:
         self.facts = src_facts or meta_facts
         if meta_facts is not None:
             where = f"from {meta_facts.origin}"
+            derived = (self.meta or {}).get("derived")
+            if isinstance(derived, dict):  # pre-converted weights come without a config
+                how = "; ".join(f"{k} from {v}" for k, v in derived.items() if k != "from")
+                where += f", derived ({how})"
             r.add("model facts", PASS, f"{_facts_line(meta_facts)} {where}")
         elif src_facts is not None and self.t.meta is None:
             r.add("model facts", PASS, f"{_facts_line(src_facts)} from the source")
@@ -1312,6 +1323,9 @@ class _Verifier:
             r.check(
                 "synth config", t.yaml_problems, f"{names}: every path names a file that exists"
             )
+            if t.codec_problems:
+                t.codec_problems.append(f"the folder cannot speak; add a codec: {CODEC_FIX}")
+            r.check(CODEC_ROW, t.codec_problems, "encoder and decoder ONNX are there")
         if t.kind in ("weights", "config"):
             r.check(
                 "backbone GGUF",

@@ -27,6 +27,7 @@ from moss_gguf_cli.errors import InputError, UsageError
 from moss_gguf_cli.layout import layout
 from moss_gguf_cli.progress import RecordingProgress
 from moss_gguf_cli.quantize import quantize
+from moss_gguf_cli.tiny_codec import ensure_tiny_codec
 from moss_gguf_cli.verify import (
     SCALE_OFFSETS,
     VerifyReport,
@@ -53,7 +54,8 @@ def chain(tiny_extracted: Path, tmp_path_factory) -> dict[str, Path]:
     q4 = root / GGUF_NAME
     quantize(f16, q4, ["Q4_K_M"], engine="library")
     weights = root / "weights"
-    layout(tiny_extracted, q4, weights)
+    codec = ensure_tiny_codec(root / "codec")[0].parent
+    layout(tiny_extracted, q4, weights, audio_tokenizer=codec)
     return {"f16": f16, "q4": q4, "weights": weights}
 
 
@@ -105,6 +107,7 @@ def _kv_value_offset(path: Path, key: str) -> int:
 ALWAYS = {
     "model facts",
     "synth config",
+    "audio tokenizer",
     "backbone GGUF",
     "embedding tables",
     "head tables",
@@ -231,6 +234,8 @@ def test_yaml_target_resolves_paths_against_its_folder(good: Path, tmp_path: Pat
         f"backbone_gguf: ../w/{GGUF_NAME}\nembedding_dir: ../w/embeddings\n"
         "lm_head_dir: ../w/lm_heads\ntokenizer_dir: ../w/tokenizer\n"
         "model_config: ../w/extraction_meta.json\nn_ctx: 4096\n"
+        "audio_encoder_onnx: ../w/audio_tokenizer/encoder.onnx\n"
+        "audio_decoder_onnx: ../w/audio_tokenizer/decoder.onnx\n"
     )
     monkeypatch.chdir(tmp_path / "configs")
     assert verify(Path("mine.yaml")).ok
@@ -413,7 +418,8 @@ def test_broken_yaml_in_the_folder(good: Path, tmp_path: Path) -> None:
     (w / "other.yaml").write_text("backbone_gguf: [unclosed\n")
     (w / "third.yaml").write_text(f"backbone_gguf: {GGUF_NAME}\nembedding_dir: gone\n")
     failing = _failing(verify(w))
-    assert set(failing) == {"synth config"}
+    assert set(failing) == {"synth config", "audio tokenizer"}  # third.yaml names no codec
+    assert "third.yaml: audio_decoder_onnx is not set" in failing["audio tokenizer"]
     assert "other.yaml: cannot read the YAML" in failing["synth config"]
     assert "third.yaml: embedding_dir points at a missing gone" in failing["synth config"]
 
@@ -519,14 +525,14 @@ def test_deep_without_torch_is_a_clear_error(good: Path, monkeypatch) -> None:
 def test_cli_exit_codes(good: Path, tmp_path: Path) -> None:
     result = runner.invoke(app, ["verify", str(good)])
     assert result.exit_code == 0, result.output
-    assert "OK: 26 checks passed" in result.stdout
+    assert "OK: 27 checks passed" in result.stdout
 
     w = _clone(good, tmp_path / "w")
     (w / "tokenizer" / "tokenizer.json").unlink()
     result = runner.invoke(app, ["verify", str(w)])
     assert result.exit_code == 1
     # no tokenizer: its special-token and round-trip checks cannot run
-    assert "FAILED: 3 of 24 checks failed (tokenizer files, manifest, tokenizer loads)" in (
+    assert "FAILED: 3 of 25 checks failed (tokenizer files, manifest, tokenizer loads)" in (
         result.stdout
     )
     result = runner.invoke(app, ["verify", str(w), "--quiet"])
@@ -544,7 +550,7 @@ def test_cli_json_is_the_only_stdout(good: Path, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["ok"] is True and data["kind"] == "weights"
-    assert data["counts"] == {"pass": 29, "warn": 0, "fail": 0}
+    assert data["counts"] == {"pass": 30, "warn": 0, "fail": 0}
     assert {r["name"] for r in data["rows"]} >= {"GGUF vs source", "manifest"}
     assert data["quality"]["by_type"]["Q6_K"]["tensors"] == 3
 

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from ..audio_tokenizer import DEFAULT_REPO, parse_flag
 from ..pipeline import AllSettings, run_all
 from ..staging import human_bytes
 from ._options import CacheDir, Force, LlamaCppDir, Model, Quiet, Revision, Verbose
@@ -23,6 +24,8 @@ EXAMPLES = """
 
   moss-gguf all --model /path/to/MOSS-TTS --output w --quant Q4_K_M --quant Q8_0 \\
       --audio-tokenizer /path/to/MOSS-Audio-Tokenizer-ONNX
+
+  moss-gguf all --model OpenMOSS-Team/MOSS-TTS-GGUF --output weights/MOSS-TTS-GGUF
 
 An interrupted run resumes where it stopped when run again; --force starts over.
 """
@@ -53,10 +56,14 @@ def all_command(
     ] = "auto",
     llama_cpp: LlamaCppDir = None,
     audio_tokenizer: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
-            help="MOSS audio tokenizer ONNX folder to include (builtin models get a tiny one)."
+            help="Audio tokenizer to include: a folder with its encoder/decoder .onnx, a Hub repo "
+            f"id, or none. Default: the model's, {DEFAULT_REPO} (builtin models: a tiny one).",
         ),
+    ] = None,
+    audio_tokenizer_revision: Annotated[
+        str | None, typer.Option(help="Hub revision of --audio-tokenizer.")
     ] = None,
     keep_intermediate: Annotated[
         bool, typer.Option(help="Keep the extracted backbone safetensors and the f16/bf16 GGUF.")
@@ -81,7 +88,8 @@ def all_command(
         force=force,
         revision=revision,
         cache_dir=cache_dir,
-        audio_tokenizer=audio_tokenizer,
+        audio_tokenizer=parse_flag(audio_tokenizer),
+        audio_tokenizer_revision=audio_tokenizer_revision,
         threads=threads,
     )
     with progress_for(mode) as bar:
@@ -105,8 +113,16 @@ def all_command(
         if result.intermediate:
             info(mode, f"intermediate files kept in {result.intermediate}")
         stdout.print(f"synth config: {result.config}")
-        stdout.print(
-            f'try: moss-gguf synth --config {result.config} --text "Hello" --output hello.wav'
-        )
+        if result.speaks:
+            stdout.print(
+                f'try: moss-gguf synth --config {result.config} --text "Hello" --output hello.wav'
+            )
     else:
         typer.echo(str(result.config))
+    if not result.speaks:
+        # the last line, also with --quiet: the folder is complete but cannot speak yet
+        stdout.print(
+            "no audio tokenizer: this folder cannot speak yet; add one with: "
+            f"moss-gguf layout --output {result.output} --audio-tokenizer {DEFAULT_REPO}",
+            soft_wrap=True,
+        )

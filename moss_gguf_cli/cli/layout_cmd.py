@@ -7,7 +7,9 @@ from typing import Annotated
 
 import typer
 
-from ..layout import CONFIG_NAME, LayoutMode, layout
+from ..audio_tokenizer import DEFAULT_REPO, parse_flag, resolve
+from ..errors import UsageError
+from ..layout import CONFIG_NAME, LayoutMode, add_audio_tokenizer, layout, read_meta
 from ..staging import human_bytes
 from ._options import Force, Quiet, Verbose
 from ._output import OutputMode, info, progress_for, setup_logging
@@ -21,6 +23,10 @@ EXAMPLES = """
 
   moss-gguf layout --extracted weights/extracted --gguf backbone_q4km.gguf --output w \\
       --mode copy --audio-tokenizer weights/MOSS-Audio-Tokenizer-ONNX
+
+  # add the audio tokenizer to a finished weights folder (one made with --audio-tokenizer none)
+  moss-gguf layout --output weights/MOSS-TTS-Q4_K_M \
+      --audio-tokenizer OpenMOSS-Team/MOSS-Audio-Tokenizer-ONNX
 """
 
 
@@ -31,19 +37,27 @@ EXAMPLES = """
     epilog=EXAMPLES,
 )
 def layout_command(
-    extracted: Annotated[Path, typer.Option("--extracted", help="Output folder of `extract`.")],
-    gguf: Annotated[list[Path], typer.Option("--gguf", help="Backbone GGUF (repeatable).")],
+    extracted: Annotated[
+        Path | None, typer.Option("--extracted", help="Output folder of `extract`.")
+    ] = None,
+    gguf: Annotated[
+        list[Path] | None, typer.Option("--gguf", help="Backbone GGUF (repeatable).")
+    ] = None,
+    *,
     output: Annotated[Path, typer.Option("--output", "-o", help="Weights folder to create.")],
     mode: Annotated[
         LayoutMode,
         typer.Option(help="link: hard links where possible, else copies; copy; or move the files."),
     ] = LayoutMode.link,
     audio_tokenizer: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
-            help="Folder with the audio tokenizer's encoder.onnx and "
-            "decoder.onnx (fills the YAML's ONNX paths)."
+            help="Audio tokenizer: a folder with its encoder and decoder .onnx, a Hub repo id "
+            f"(default {DEFAULT_REPO}), or none.",
         ),
+    ] = None,
+    revision: Annotated[
+        str | None, typer.Option("--audio-tokenizer-revision", help="Its Hub revision.")
     ] = None,
     config_name: Annotated[str, typer.Option(help="File name of the synth YAML.")] = CONFIG_NAME,
     force: Force = False,
@@ -52,13 +66,35 @@ def layout_command(
 ) -> None:
     mode_ = OutputMode(quiet=quiet, verbose=verbose)
     setup_logging(mode_)
+    spec = parse_flag(audio_tokenizer)
+    if extracted is None and not gguf:
+        if spec is None:
+            raise UsageError(
+                "nothing to lay out", hint="pass --extracted and --gguf, or --audio-tokenizer"
+            )
+        with progress_for(mode_) as bar:
+            codec = resolve(spec, builtin=False, revision=revision, progress=bar)
+            if codec is None:
+                raise UsageError("--audio-tokenizer none adds nothing")
+            added = add_audio_tokenizer(output, codec, progress=bar)
+        info(mode_, f"audio tokenizer {codec.source}: {len(codec.files)} files; "
+             f"{len(added.configs)} synth configs updated")
+        typer.echo(str(added.output))
+        return
+    if extracted is None or not gguf:
+        raise UsageError("--extracted and --gguf go together", hint="pass both")
+    # the default codec is the model's: the tiny one for builtin models, else the Hub's ONNX
+    source = str(read_meta(extracted).get("source_model") or "")
     with progress_for(mode_) as bar:
+        codec = resolve(
+            spec, builtin=source.startswith("builtin:"), revision=revision, progress=bar
+        )
         result = layout(
             extracted,
             gguf,
             output,
             mode=mode,
-            audio_tokenizer=audio_tokenizer,
+            audio_tokenizer=codec,
             config_name=config_name,
             force=force,
             progress=bar,

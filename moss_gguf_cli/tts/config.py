@@ -329,6 +329,15 @@ class ModelInfo:
         )
 
     def refuse_unsupported(self) -> None:
+        from .codec import SAMPLE_RATE
+
+        if self.sampling_rate != SAMPLE_RATE:
+            raise UnsupportedModelError(
+                f"the model speaks at {self.sampling_rate} Hz; the ONNX audio tokenizer synth "
+                f"runs is {SAMPLE_RATE} Hz",
+                path=self.source,
+                hint="this variant's own tokenizer has no ONNX export",
+            )
         if self.variant == "MOSS-TTSD":
             raise UnsupportedModelError(
                 f"MOSS-TTSD (n_vq {self.n_vq}) needs a multi-speaker dialogue prompt that "

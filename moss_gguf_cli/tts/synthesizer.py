@@ -411,5 +411,6 @@ def synth_to_wav(
             seed=seed,
             progress=progress,
         )
-    result.output = write_wav(output, result.waveform)
+        rate = tts.info.sampling_rate  # the model's (checked against the codec's on load)
+    result.output = write_wav(output, result.waveform, rate)
     return result
