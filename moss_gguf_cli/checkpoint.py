@@ -34,7 +34,7 @@ TOKENIZER_FILES = (
 HUB_PATTERNS = ["*.safetensors", INDEX_NAME, "config.json", *TOKENIZER_FILES]
 BUILTIN_PREFIX = "builtin:"
 
-# defaults of DESIGN.md §2, used only when the config lacks the key
+# defaults of docs/ARCHITECTURE.md §2, used only when the config lacks the key
 TOKEN_DEFAULTS = {
     "pad_token_id": 151643,
     "im_start_token_id": 151644,

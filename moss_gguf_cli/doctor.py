@@ -61,7 +61,7 @@ RECHECK_HINT = "`moss-gguf doctor --recheck` runs it again"
 
 # --------------------------------------------------------------------------- the real model
 
-# DESIGN.md §1: the real MOSS-TTS (8B); the disk plan is computed from these dims.
+# docs/ARCHITECTURE.md §1: the real MOSS-TTS (8B); the disk plan is computed from these dims.
 REAL_MODEL = {
     "repo_id": "OpenMOSS-Team/MOSS-TTS",
     "hidden": 4096,
@@ -102,7 +102,7 @@ class DiskPlan:
 
 def model_plan(dims: dict[str, Any], quants: tuple[str, ...] = ("Q4_K_M",)) -> DiskPlan:
     """Bytes of each part `all` writes for a MOSS model of these dims (see REAL_MODEL)."""
-    from .pipeline import APPROX_BPW  # the bits per weight `all` plans its own disk with
+    from .quantize import APPROX_BPW  # the bits per weight `all` plans its own disk with
 
     h, f, d = dims["hidden"], dims["intermediate"], dims["head_dim"]
     q, kv = dims["heads"] * d, dims["kv_heads"] * d
@@ -120,7 +120,7 @@ def model_plan(dims: dict[str, Any], quants: tuple[str, ...] = ("Q4_K_M",)) -> D
 
 
 def real_model_plan(quants: tuple[str, ...] = ("Q4_K_M",)) -> DiskPlan:
-    """What `all --model OpenMOSS-Team/MOSS-TTS` needs, from the dims of DESIGN.md §1."""
+    """What `all --model OpenMOSS-Team/MOSS-TTS` needs, from the dims of docs/ARCHITECTURE.md §1."""
     return model_plan(REAL_MODEL, quants)
 
 
@@ -1393,7 +1393,7 @@ def preflight(
 
 def quantize_bytes(n_elements: int, file_types: list[str]) -> int:
     """Rough output bytes of quantizing n_elements weights to each type (for pre-flight)."""
-    from .pipeline import APPROX_BPW
+    from .quantize import APPROX_BPW
 
     margin = 16 << 20  # header and vocabulary: ~7 MB for the real 155k-token one
     return int(sum(n_elements * APPROX_BPW.get(t.upper(), 16) / 8 for t in file_types)) + margin

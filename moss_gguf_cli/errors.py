@@ -60,9 +60,3 @@ class ToolError(MossGgufError):
     """An external tool (llama.cpp, onnxruntime) is missing or failed."""
 
     exit_code = 1
-
-
-class NotBuiltError(MossGgufError):
-    """A command whose implementation has not landed yet."""
-
-    exit_code = 2

@@ -1,7 +1,7 @@
 """`extract`: split a MOSS checkpoint into a Qwen3 backbone, embedding tables and heads.
 
-Streaming and bounded memory: backbone shards are written header first and then
-tensor bytes copied file-to-file in the kernel; `.npy` tables are cast in small
+Streaming and bounded memory: backbone shards are written header first and then the
+tensor bytes through the O_DIRECT appenders of sinks.py; `.npy` tables are cast in small
 chunks read with plain reads (not memory maps, which would count every touched
 page of a multi-GB table against the process). The two streams run side by side:
 one is I/O-bound, the other CPU-bound.
@@ -321,7 +321,7 @@ def extract(
     source_pages: SourcePages | None = None,
     progress: ProgressReporter | None = None,
 ) -> ExtractResult:
-    """Write DESIGN.md §3's layout for the checkpoint at model_dir into output.
+    """Write the layout of docs/ARCHITECTURE.md §3 for the checkpoint at model_dir into output.
 
     With ``backbone_weights=False`` the backbone folder gets only its config and
     tokenizer (for `all`, which converts the backbone straight from the source).

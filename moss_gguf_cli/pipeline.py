@@ -41,32 +41,13 @@ from .layout import (
 )
 from .preconverted import GgufRepo, choose, derive_meta, fetch, recognise, write_meta
 from .progress import ProgressReporter, ensure
+from .quantize import APPROX_BPW
 from .source_pages import SourcePages
 from .staging import human_bytes, remove_stale_partials
 
 log = logging.getLogger(__name__)
 
 STEPS = ("extract", "convert", "quantize", "layout", "verify")
-# rough bits per weight of llama.cpp file types, for the disk plan (unknown types: 16)
-APPROX_BPW = {
-    "Q2_K": 3.0,
-    "Q3_K_S": 3.5,
-    "Q3_K_M": 3.9,
-    "Q3_K_L": 4.3,
-    "Q4_0": 4.6,
-    "Q4_1": 5.0,
-    "Q4_K_S": 4.6,
-    "Q4_K_M": 4.9,
-    "Q5_0": 5.5,
-    "Q5_1": 6.0,
-    "Q5_K_S": 5.6,
-    "Q5_K_M": 5.7,
-    "Q6_K": 6.6,
-    "Q8_0": 8.5,
-    "F16": 16,
-    "BF16": 16,
-    "F32": 32,
-}
 # the tiny demo model never learnt to stop: keep its synth runs short
 _DEMO_SYNTH = {"max_new_tokens": 120}
 

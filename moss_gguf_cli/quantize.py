@@ -50,6 +50,27 @@ FILE_TYPE_ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
 # ggml types that cannot be a quantization target for a weight
 _NOT_TARGET_TENSOR_TYPES = {"Q8_1", "Q8_K", "I8", "I16", "I32", "I64", "F64"}
 # tensor types that are not quantized (requantizing is only about the others)
+
+# rough bits per weight of llama.cpp file types, for the disk plan (unknown types: 16)
+APPROX_BPW = {
+    "Q2_K": 3.0,
+    "Q3_K_S": 3.5,
+    "Q3_K_M": 3.9,
+    "Q3_K_L": 4.3,
+    "Q4_0": 4.6,
+    "Q4_1": 5.0,
+    "Q4_K_S": 4.6,
+    "Q4_K_M": 4.9,
+    "Q5_0": 5.5,
+    "Q5_1": 6.0,
+    "Q5_K_S": 5.6,
+    "Q5_K_M": 5.7,
+    "Q6_K": 6.6,
+    "Q8_0": 8.5,
+    "F16": 16,
+    "BF16": 16,
+    "F32": 32,
+}
 UNQUANTIZED_TENSOR_TYPES = {"F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64"}
 
 

@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Protocol
+from typing import Any
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
-
-
-class _Row(Protocol):
-    name: str
-    status: str
 
 
 class CheckRows:

@@ -32,17 +32,6 @@ STORAGE_DTYPES: dict[str, np.dtype] = {
     "U8": np.dtype("u1"),
     "BOOL": np.dtype("?"),
 }
-NUMPY_TO_SAFETENSORS = {
-    "float16": "F16",
-    "float32": "F32",
-    "float64": "F64",
-    "int64": "I64",
-    "int32": "I32",
-    "int16": "I16",
-    "int8": "I8",
-    "uint8": "U8",
-    "bool": "BOOL",
-}
 MAX_HEADER = 100 * 1024 * 1024  # the format's own limit
 CHUNK_BYTES = 64 * 1024 * 1024
 

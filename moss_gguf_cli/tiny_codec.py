@@ -1,7 +1,7 @@
 """A tiny random audio tokenizer with the real MOSS-Audio-Tokenizer ONNX contract.
 
 For the offline demo (`builtin:tiny`) and the tests: the same inputs, outputs,
-dtypes and ranks as the real export (DESIGN.md §5), 1920 samples per frame and 32
+dtypes and ranks as the real export (docs/ARCHITECTURE.md §5), 1920 samples per frame and 32
 codebooks of 1024 codes, but a random linear map instead of a trained network —
 what it "speaks" is noise. Built with the `onnx` package, deterministically, a few
 hundred kB; the weights can sit in external ``.data`` files as the real export's do.

@@ -3,16 +3,17 @@
 TARGET is a weights folder (made by `layout`/`all`), a synth config YAML (its paths are
 checked, relative to the YAML's folder), an `extract` output folder, or a single GGUF.
 Model facts (n_vq, sizes, token ids) come from ``extraction_meta.json``'s ``moss_config``
-or from ``--source``; DESIGN.md §2's defaults apply only to keys that are absent.
+or from ``--source``; the defaults of docs/ARCHITECTURE.md §2 apply only to keys that are absent.
 
 A failing check is a row with status "fail", never an exception; exceptions are kept for
 bad usage (a TARGET that does not exist or is not one of the four kinds, an unreadable
 YAML, a --source that cannot be opened, --deep without torch).
 
-Speed. Every file is read once, in chunks, by two worker threads (hashlib, file reads and
-the NumPy bit tests release the GIL): one pass hashes a file for the manifest, tests a
-table's values and, with --source, compares it with its source tensor (a file this process
-hashed already, as `all` does while writing, keeps that digest: digests.py). The GGUF header is
+Speed. Every file is read once, in chunks, by one worker thread per core, up to 8
+(hashlib, file reads and the NumPy bit tests release the GIL): one pass hashes a file for
+the manifest, tests a table's values and, with --source, compares it with its source
+tensor (a file this process hashed already, as `all` does while writing, keeps that
+digest: digests.py). The GGUF header is
 parsed here rather than with ``gguf.GGUFReader``, which builds a Python object for every
 one of the ~300k tokenizer array entries (16 s for the tiny model's header on the 2-core
 test machine, against 0.1 s here); tensor data is read with ``os.pread`` and dequantized
@@ -546,7 +547,7 @@ class Facts:
     def token_ids(self) -> dict[str, int]:
         if self.moss is not None:
             return {k: getattr(self.moss, k) for k in TOKEN_DEFAULTS}
-        return dict(TOKEN_DEFAULTS)  # DESIGN.md §2 defaults when no config says otherwise
+        return dict(TOKEN_DEFAULTS)  # ARCHITECTURE.md §2 defaults when no config says otherwise
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"from": self.origin, "n_vq": self.n_vq}
@@ -2124,7 +2125,7 @@ class _Verifier:
         return np.stack([ref.read_f32(int(i), int(i) + 1)[0] for i in rows])
 
     def _deep_embeddings(self, ids: np.ndarray) -> np.ndarray:
-        """DESIGN.md §5 rows: the text row plus every audio table's pad-code row."""
+        """docs/ARCHITECTURE.md §5 rows: the text row plus every audio table's pad-code row."""
         moss = self.facts.moss
         out = self._table_rows_f32(
             "emb", "embed_tokens.npy", "language_model.embed_tokens.weight", ids
@@ -2241,7 +2242,7 @@ DEEP_TEXT = "The quick brown fox jumps over the lazy dog."
 
 
 def deep_prompt_ids(tokenizer, moss: MossConfig) -> np.ndarray:
-    """Token ids of a short real user turn, ending in audio-start (DESIGN.md §5)."""
+    """Token ids of a short real user turn, ending in audio-start (docs/ARCHITECTURE.md §5)."""
     start = tokenizer.id_to_token(moss.im_start_token_id)
     end = tokenizer.id_to_token(moss.im_end_token_id)
     text = f"{start}user\n{DEEP_TEXT}{end}\n{start}assistant\n"

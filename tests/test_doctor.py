@@ -261,7 +261,7 @@ def test_disk_plan_is_all_s_own_plan(tiny_model: Path) -> None:
         settings = AllSettings(model="builtin:tiny", output=Path("w"), quants=list(quants))
         expected = plan_bytes(tiny_model, settings)
         assert abs(dr.model_plan(tiny, quants).output - expected) <= len(quants)
-    # the real model, against DESIGN.md §1's sizes
+    # the real model, against docs/ARCHITECTURE.md §1's sizes
     real = dr.real_model_plan()
     assert 8.0e9 < real.backbone_params < 8.5e9
     assert 15e9 < real.intermediate < 17e9  # "f16 GGUF ≈ 16 GB"

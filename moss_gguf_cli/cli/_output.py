@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -127,6 +126,3 @@ def info(mode: OutputMode, message: str) -> None:
 def is_debug() -> bool:
     return os.environ.get("MOSS_GGUF_DEBUG", "") not in ("", "0")
 
-
-def plain_stdout() -> bool:
-    return not sys.stdout.isatty()

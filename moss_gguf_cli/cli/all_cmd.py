@@ -11,9 +11,9 @@ from rich.table import Table
 from ..audio_tokenizer import DEFAULT_REPO, parse_flag
 from ..pipeline import AllSettings, run_all
 from ..staging import human_bytes
+from ._command import command
 from ._options import CacheDir, Force, LlamaCppDir, Model, Quiet, Revision, Verbose
 from ._output import OutputMode, info, progress_for, setup_logging, stdout
-from .app import command
 
 EXAMPLES = """
 [b]Examples[/b]

@@ -1,15 +1,13 @@
-"""Registers the commands. Each command lives in its own small module."""
+"""The Typer app: imports each command's module and registers what it declared."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from typing import Annotated
 
 import typer
 
 from .. import __version__
-from ._errors import fail
+from ._command import COMMANDS
 
 app = typer.Typer(
     name="moss-gguf",
@@ -21,25 +19,6 @@ app = typer.Typer(
     add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-
-
-def command(name: str, **kwargs) -> Callable:
-    """Register a command whose errors all go through the one catch point."""
-
-    def decorate(fn: Callable) -> Callable:
-        @functools.wraps(fn)
-        def wrapper(*args, **kw):
-            try:
-                return fn(*args, **kw)
-            except (typer.Exit, typer.Abort, SystemExit):
-                raise
-            except BaseException as exc:  # noqa: BLE001 - rendered as one line, exit code kept
-                fail(exc)
-
-        app.command(name, **kwargs)(wrapper)
-        return fn
-
-    return decorate
 
 
 def _version(value: bool) -> None:
@@ -59,7 +38,7 @@ def _root(
 
 
 def _register() -> None:
-    # Importing a command module registers it through `command`.
+    # Importing a command module puts it in COMMANDS; the app imports them, never the reverse.
     from . import (  # noqa: F401
         all_cmd,
         convert_cmd,
@@ -70,6 +49,9 @@ def _register() -> None:
         synth_cmd,
         verify_cmd,
     )
+
+    for name, kwargs, wrapper in COMMANDS:
+        app.command(name, **kwargs)(wrapper)
 
 
 _register()

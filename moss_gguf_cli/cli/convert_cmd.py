@@ -10,9 +10,9 @@ import typer
 from ..checkpoint import BUILTIN_PREFIX, resolve_model
 from ..convert import convert
 from ..staging import human_bytes
+from ._command import command
 from ._options import Force, LlamaCppDir, Quiet, Verbose
 from ._output import OutputMode, info, progress_for, setup_logging
-from .app import command
 
 EXAMPLES = """
 [b]Examples[/b]

@@ -11,9 +11,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..doctor import FAIL, PASS, WARN, DoctorReport, doctor
+from ._command import command
 from ._options import LlamaCppDir, Quiet, Verbose
 from ._output import OutputMode, progress_for, setup_logging, stdout
-from .app import command
 
 EXAMPLES = """
 [b]Examples[/b]

@@ -10,9 +10,9 @@ import typer
 from ..checkpoint import resolve_model
 from ..extract import DEFAULT_MAX_SHARD, extract
 from ..staging import human_bytes
+from ._command import command
 from ._options import CacheDir, Force, Model, Quiet, Revision, Verbose
 from ._output import OutputMode, info, progress_for, setup_logging
-from .app import command
 
 EXAMPLES = """
 [b]Examples[/b]

@@ -11,9 +11,9 @@ from ..audio_tokenizer import DEFAULT_REPO, parse_flag, resolve
 from ..errors import UsageError
 from ..layout import CONFIG_NAME, LayoutMode, add_audio_tokenizer, layout, read_meta
 from ..staging import human_bytes
+from ._command import command
 from ._options import Force, Quiet, Verbose
 from ._output import OutputMode, info, progress_for, setup_logging
-from .app import command
 
 EXAMPLES = """
 [b]Examples[/b]

@@ -13,9 +13,9 @@ from ..doctor import preflight, quantize_bytes
 from ..errors import UsageError
 from ..quantize import Engine, QuantizeSettings, parse_file_type, plan_quantize, quantize
 from ..staging import human_bytes
+from ._command import command
 from ._options import Force, LlamaCppDir, Quiet, Verbose
 from ._output import OutputMode, info, progress_for, setup_logging, stderr
-from .app import command
 
 EXAMPLES = """
 [b]Examples[/b]

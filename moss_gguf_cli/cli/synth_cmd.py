@@ -12,9 +12,9 @@ from rich.table import Table
 from ..doctor import preflight
 from ..errors import InputError, UsageError
 from ..tts import SynthConfig, SynthProfile, synth_to_wav
+from ._command import command
 from ._options import Quiet, Verbose
 from ._output import OutputMode, info, progress_for, setup_logging, stdout
-from .app import command
 
 EXAMPLES = """
 [b]Examples[/b]

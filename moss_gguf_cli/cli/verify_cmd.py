@@ -10,9 +10,9 @@ import typer
 from rich.table import Table
 
 from ..verify import FAIL, PASS, WARN, VerifyReport, verify
+from ._command import command
 from ._options import Quiet, Verbose
 from ._output import OutputMode, progress_for, setup_logging, stdout
-from .app import command
 
 EXAMPLES = """
 [b]Examples[/b]

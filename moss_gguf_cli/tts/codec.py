@@ -1,6 +1,6 @@
 """The audio tokenizer (MOSS-Audio-Tokenizer ONNX) and the audio plumbing around it.
 
-Contract (DESIGN.md §5), inputs and outputs used by position since their names may
+Contract (docs/ARCHITECTURE.md §5), inputs and outputs used by position since their names may
 be auto-generated: ``decoder.onnx`` (codes int64 (32, B, T), n_quantizers int64
 scalar) → (audio float32 (B, 1, samples), lengths int64 (B,)); ``encoder.onnx``
 (audio float32 (B, 1, samples), n_quantizers) → (codes int64 (32, B, T), lengths).

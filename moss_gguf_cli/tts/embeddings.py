@@ -1,4 +1,4 @@
-"""Input embeddings: the sum of the text table and the n_vq audio tables (DESIGN.md §5).
+"""Input embeddings: the sum of the text table and the n_vq audio tables (docs/ARCHITECTURE.md §5).
 
 The tables stay memory-mapped in their stored dtype (the real text table is 1.27 GB
 as float16 and would be 2.5 GB as float32); only the gathered rows become float32.

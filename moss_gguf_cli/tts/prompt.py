@@ -1,4 +1,4 @@
-"""The generation prompt: its text and its rows S × (1 + n_vq) (DESIGN.md §5).
+"""The generation prompt: its text and its rows S × (1 + n_vq) (docs/ARCHITECTURE.md §5).
 
 The user turn is the `<user_inst>` block, wrapped as a chat turn, followed by the
 assistant header and the audio-start token (generation starts inside audio). A

@@ -1,4 +1,4 @@
-"""Token sampling: repetition penalty, temperature, top-k, top-p, greedy (DESIGN.md §5).
+"""Token sampling: repetition penalty, temperature, top-k, top-p, greedy (docs/ARCHITECTURE.md §5).
 
 Order of operations, per row of logits:
 
