@@ -9,8 +9,9 @@ float16 = 1.27 GB, 32 audio tables and 32 audio heads of 1025 × 4096 float16),
 then times what one generation step does besides the backbone:
 
 - summing the 33 embedding rows (memory-mapped tables, float32 accumulation);
-- the stacked audio heads (32·1025 × 4096) for each heads backend (numpy float32 BLAS,
-  ggml float16);
+- the stacked audio heads (32·1025 × 4096) for each heads backend (numpy float32 BLAS, the
+  default; ggml-f16), and the largest logit difference between the two on the same hidden
+  state (the hidden state of a real backbone is rounded to f16 on the ggml-f16 path too);
 - the delay state machine with sampling: text logits over 155648 ids (inside audio:
   only gen/delay slot are read; outside audio: a masked copy + top-k/top-p), audio
   sampling of 32 codebooks (temperature, top-k 25, top-p 0.8).
@@ -120,7 +121,8 @@ def main() -> None:
     )
 
     heads_ms = {}
-    for backend in ("numpy", "ggml"):
+    outputs = {}
+    for backend in ("numpy", "ggml-f16"):
         heads = AudioHeads(
             head_dir, N_VQ, AUDIO_ROWS, 1024, backend=backend, n_threads=args.threads
         )
@@ -128,8 +130,18 @@ def main() -> None:
             f"audio heads [{heads.backend}: {'f32 BLAS' if heads.backend == 'numpy' else 'f16'}]"
         )
         heads_ms[heads.backend] = report(label, timed(lambda h=heads: h.logits(hidden), steps))
-        audio_logits = heads.logits(hidden).copy()
+        outputs[heads.backend] = heads.logits(hidden).copy()
         heads.close()
+    audio_logits = outputs["numpy"]
+    if "ggml" in outputs:
+        finite = np.isfinite(audio_logits)
+        diff = np.abs(outputs["ggml"][finite] - audio_logits[finite])
+        scale = np.abs(audio_logits[finite]).max()
+        finite_argmax = audio_logits.argmax(1)
+        print(f"  largest logit difference ggml-f16 vs float32: {diff.max():.4g} "
+              f"({diff.max() / scale:.2e} of the largest logit {scale:.3g}); "
+              f"argmax differs in {int((outputs['ggml'].argmax(1) != finite_argmax).sum())}"
+              f" of {N_VQ} codebooks")
 
     # the state machine in steady audio: all 32 codebooks sampled each step
     prompt = np.full((4, 1 + N_VQ), info.audio_pad_code, dtype=np.int64)
@@ -165,6 +177,9 @@ def main() -> None:
     print("total per step outside llama_decode (steady audio):")
     for backend, ms in heads_ms.items():
         print(f"  heads {backend:<6}: {embed_ms + copy_ms + ms + sampling_ms:7.2f} ms")
+    if len(heads_ms) == 2:
+        speedup = heads_ms["numpy"] / heads_ms["ggml"]
+        print(f"  ggml-f16 heads / float32 heads: {speedup:.2f}x faster")
     print(f"  (a step outside audio adds {outside_ms:.2f} ms of text sampling, no heads)")
 
 

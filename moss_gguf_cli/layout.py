@@ -29,33 +29,13 @@ from .extract import BACKBONE_DIR, EMBEDDING_DIR, LM_HEAD_DIR, META_NAME
 from .holds import hold
 from .progress import ProgressReporter, ensure
 from .staging import Staging, check_free_space
+from .synth_defaults import SYNTH_DEFAULTS
 
 CONFIG_NAME = "moss-tts.yaml"
 MANIFEST_NAME = "manifest.json"
 TOKENIZER_DIR = "tokenizer"
 AUDIO_TOKENIZER_DIR = "audio_tokenizer"
 
-# synth settings written into the YAML (DESIGN.md §5); upstream's reader knows these keys
-SYNTH_DEFAULTS: dict[str, Any] = {
-    "audio_backend": "onnx",
-    "heads_backend": "auto",  # float16 heads through ggml when available, else NumPy
-    "n_ctx": 4096,
-    "n_batch": 512,
-    "n_threads": 0,  # 0: let llama.cpp pick
-    "n_gpu_layers": -1,  # all layers when llama.cpp has a GPU backend; ignored on CPU builds
-    "max_new_tokens": 2000,
-    "use_gpu_audio": False,
-    "kv_cache_type_k": "f16",
-    "kv_cache_type_v": "f16",
-    "flash_attn": False,
-    "text_temperature": 1.5,
-    "text_top_p": 1.0,
-    "text_top_k": 50,
-    "audio_temperature": 1.7,
-    "audio_top_p": 0.8,
-    "audio_top_k": 25,
-    "audio_repetition_penalty": 1.0,
-}
 
 
 class LayoutMode(str, Enum):

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -49,7 +50,8 @@ log = logging.getLogger(__name__)
 
 STEPS = ("extract", "convert", "quantize", "layout", "verify")
 # the tiny demo model never learnt to stop: keep its synth runs short
-_DEMO_SYNTH = {"max_new_tokens": 120}
+# the random tiny model: short runs, every core (its steps are too small for a fixed pool)
+_DEMO_SYNTH = {"max_new_tokens": 120, "n_threads": 0}
 
 
 @dataclass
@@ -67,6 +69,7 @@ class AllSettings:
     audio_tokenizer: str | Path | None = None  # None: the model's own; "none": no codec
     audio_tokenizer_revision: str | None = None
     threads: int | None = None
+    synth: dict[str, Any] = field(default_factory=dict)  # moss-tts.yaml keys to override
 
 
 @dataclass
@@ -399,7 +402,7 @@ def run_all(
             output,
             mode=LayoutMode.link,
             audio_tokenizer=codec,
-            synth_overrides=_DEMO_SYNTH if is_tiny else None,
+            synth_overrides={**(_DEMO_SYNTH if is_tiny else {}), **settings.synth} or None,
             source_model=settings.model,
             force=True,
             progress=bar,
@@ -519,7 +522,7 @@ def run_preconverted(
                 items += audio_tokenizer_files(codec)
             r = arrange(
                 items, meta, names, output, codec=codec, source_model=repo.source,
-                force=settings.force, progress=bar,
+                synth_overrides=settings.synth or None, force=settings.force, progress=bar,
             )  # fmt: skip
         finally:
             shutil.rmtree(meta_path.parent, ignore_errors=True)

@@ -6,6 +6,8 @@ import json
 import logging
 import math
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -382,3 +384,22 @@ def test_decoder_with_the_wrong_signature(weights, tmp_path):
         app, ["synth", "-c", str(path), "--text", "Hi", "-o", str(tmp_path / "x.wav")]
     )
     assert result.exit_code == 2 and "wrong signature" in result.output
+
+
+def test_ggml_heads_survive_thousands_of_steps():
+    """ggml takes a work buffer from the context it computes in, on every call: a long run
+    must not run that context dry (it aborted after ~190 steps at the real hidden size)."""
+    code = (
+        "import numpy as np\n"
+        "from moss_gguf_cli.tts.heads import _GgmlMatVec\n"
+        "m = _GgmlMatVec(64, 4096, 2)\n"
+        "m.weights[:] = np.ones((64, 4096), np.float16)\n"
+        "x = np.full(4096, 0.5, np.float32)\n"
+        "for _ in range(3000):\n"
+        "    y = m(x)\n"
+        "assert np.allclose(y, 2048.0), y[:4]\n"
+        "m.close()\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

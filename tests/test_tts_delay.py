@@ -209,3 +209,30 @@ def test_seeded_steps_are_reproducible():
 
     assert run(7) == run(7)
     assert run(7) != run(8)
+
+
+def test_repetition_penalty_history_is_upstreams():
+    """Codebook 0 by its own history; the others of the step by the union of theirs."""
+    from moss_gguf_cli.tts.delay import penalty_history
+    from moss_gguf_cli.tts.sampling import SamplingParams, sample_rows
+
+    seen = np.zeros((4, 6), dtype=bool)
+    seen[0, 1] = True  # codebook 0 has used code 1
+    seen[1, 2] = True  # codebook 1 has used code 2
+    seen[3, 4] = True  # codebook 3 has used code 4
+    h = penalty_history(seen, 0, 4)
+    assert h[0].tolist() == [False, True, False, False, False, False]
+    for k in (1, 2, 3):  # codebook 2 never used a code, and is still penalised on 2 and 4
+        assert h[k].tolist() == [False, False, True, False, True, False]
+    # during the delay ramp only the sampled codebooks' histories count
+    assert penalty_history(seen, 2, 4).tolist() == [[False] * 4 + [True, False]] * 2
+    assert penalty_history(seen, 0, 2)[1].tolist() == [False, False, True, False, False, False]
+
+    # worked by hand, greedy with penalty 2.0: row 0's code 1 (3.0 → 1.5) loses to code 0
+    # (2.0); row 1's code 2 (3.0 → 1.5) and code 4 (−1 → −2) drop, so code 3 (2.5) wins
+    logits = np.array(
+        [[2.0, 3.0, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 3.0, 2.5, -1.0, 0.0]], dtype=np.float32
+    )
+    params = SamplingParams(temperature=0.0, top_p=1.0, top_k=0, repetition_penalty=2.0)
+    codes = sample_rows(logits, params, np.random.default_rng(0), penalty_history(seen, 0, 2))
+    assert codes.tolist() == [0, 3]

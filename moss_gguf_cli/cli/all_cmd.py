@@ -9,10 +9,12 @@ import typer
 from rich.table import Table
 
 from ..audio_tokenizer import DEFAULT_REPO, parse_flag
+from ..errors import UsageError
 from ..pipeline import AllSettings, run_all
+from ..recipes import Recipe, load_recipe
 from ..staging import human_bytes
 from ._command import command
-from ._options import CacheDir, Force, LlamaCppDir, Model, Quiet, Revision, Verbose
+from ._options import CacheDir, Force, LlamaCppDir, Quiet, Revision, Verbose
 from ._output import OutputMode, info, progress_for, setup_logging, stdout
 
 EXAMPLES = """
@@ -27,6 +29,8 @@ EXAMPLES = """
 
   moss-gguf all --model OpenMOSS-Team/MOSS-TTS-GGUF --output weights/MOSS-TTS-GGUF
 
+  moss-gguf all --config configs/recipes/MOSS-TTS-Q4_K_M.yaml --output weights/MOSS-TTS-Q4_K_M
+
 An interrupted run resumes where it stopped when run again; --force starts over.
 """
 
@@ -37,23 +41,37 @@ An interrupted run resumes where it stopped when run again; --force starts over.
     epilog=EXAMPLES,
 )
 def all_command(
-    model: Model,
     output: Annotated[Path, typer.Option("--output", "-o", help="Weights folder to create.")],
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model", "-m",
+            help="MOSS-TTS checkpoint or pre-converted repo: a local folder, a Hugging Face "
+            "repo id, or builtin:tiny (default: the recipe's).",
+        ),
+    ] = None,
+    recipe: Annotated[
+        Path | None,
+        typer.Option(
+            "--config", help="A recipe YAML (configs/recipes/); flags override its keys."
+        ),
+    ] = None,
     quant: Annotated[
-        list[str], typer.Option("--quant", help="llama.cpp quant type (repeatable).")
-    ] = ["Q4_K_M"],  # noqa: B006
+        list[str] | None,
+        typer.Option("--quant", help="llama.cpp quant type (repeatable; default Q4_K_M)."),
+    ] = None,
     outtype: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="Intermediate GGUF type: f16, bf16, or auto (f16 unless a tensor overflows it)."
         ),
-    ] = "auto",
+    ] = None,
     engine: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="Quantize engine: auto, binary (llama-quantize) or library (libllama in-process)."
         ),
-    ] = "auto",
+    ] = None,
     llama_cpp: LlamaCppDir = None,
     audio_tokenizer: Annotated[
         str | None,
@@ -77,19 +95,24 @@ def all_command(
 ) -> None:
     mode = OutputMode(quiet=quiet, verbose=verbose)
     setup_logging(mode)
+    r = load_recipe(recipe) if recipe is not None else Recipe(Path("."))
+    model = model or r.model
+    if not model:
+        raise UsageError("no model given", hint="pass --model, or --config with a recipe")
     settings = AllSettings(
         model=model,
         output=output,
-        quants=quant,
-        outtype=outtype,
-        engine=engine,
+        quants=quant or r.quant or ["Q4_K_M"],
+        outtype=outtype or r.outtype or "auto",
+        engine=engine or r.engine or "auto",
+        synth=r.synth,
         llama_cpp=llama_cpp,
         keep_intermediate=keep_intermediate,
         force=force,
-        revision=revision,
+        revision=revision or r.revision,
         cache_dir=cache_dir,
-        audio_tokenizer=parse_flag(audio_tokenizer),
-        audio_tokenizer_revision=audio_tokenizer_revision,
+        audio_tokenizer=parse_flag(audio_tokenizer or r.audio_tokenizer),
+        audio_tokenizer_revision=audio_tokenizer_revision or r.audio_tokenizer_revision,
         threads=threads,
     )
     with progress_for(mode) as bar:

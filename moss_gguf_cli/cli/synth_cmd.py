@@ -28,19 +28,27 @@ EXAMPLES = """
 
   moss-gguf synth --config weights/moss-tts.yaml --text "Hi" -o hi.wav --threads 8 --profile
 
+  # upstream's command lines work as they are (--output defaults to output.wav)
+  moss-gguf synth --config configs/llama_cpp/default.yaml --text "Hello!" \\
+      --audio-temp 1.5 --audio-rep-penalty 1.2
+
 Flags override the YAML's values. builtin:tiny weights are random: they speak noise.
 """
+
+FloatOpt = Annotated[float | None, typer.Option()]
 
 
 @command(
     "synth",
     help="Speak TEXT with the GGUF backbone, NumPy tables and ONNX audio tokenizer "
-    "named by a moss-tts.yaml, and write a 24 kHz WAV.",
+    "named by a moss-tts.yaml (or upstream's configs/llama_cpp/*.yaml), and write a WAV.",
     epilog=EXAMPLES,
 )
 def synth_command(
     config: Annotated[Path, typer.Option("--config", "-c", help="The moss-tts.yaml to use.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="WAV file to write.")],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="WAV file to write.")
+    ] = Path("output.wav"),
     text: Annotated[str | None, typer.Option(help="Text to speak; '-' reads stdin.")] = None,
     text_file: Annotated[Path | None, typer.Option(help="Read the text from a file.")] = None,
     reference: Annotated[Path | None, typer.Option(help="Voice to clone (any audio).")] = None,
@@ -48,15 +56,50 @@ def synth_command(
     language: Annotated[str | None, typer.Option(help="Language hint, e.g. en, zh.")] = None,
     tokens: Annotated[int | None, typer.Option(help="Target length in audio tokens.")] = None,
     quality: Annotated[str | None, typer.Option(help="Quality hint.")] = None,
-    max_new_tokens: Annotated[int | None, typer.Option(help="Most generation steps.")] = None,
+    sound_event: Annotated[str | None, typer.Option(help="Sound event (SoundEffect).")] = None,
+    ambient_sound: Annotated[
+        str | None, typer.Option(help="Ambient sound (SoundEffect).")
+    ] = None,
+    max_new_tokens: Annotated[
+        int | None, typer.Option("--max-new-tokens", "--max-tokens", help="Most generation steps.")
+    ] = None,
     seed: Annotated[int | None, typer.Option(help="Same seed, same WAV.")] = None,
-    text_temperature: Annotated[float | None, typer.Option(help="0 = greedy.")] = None,
-    audio_temperature: Annotated[float | None, typer.Option(help="0 = greedy.")] = None,
-    audio_top_p: Annotated[float | None, typer.Option()] = None,
+    text_temperature: Annotated[
+        float | None, typer.Option("--text-temperature", "--text-temp", help="0 = greedy.")
+    ] = None,
+    text_top_p: FloatOpt = None,
+    text_top_k: Annotated[int | None, typer.Option()] = None,
+    audio_temperature: Annotated[
+        float | None, typer.Option("--audio-temperature", "--audio-temp", help="0 = greedy.")
+    ] = None,
+    audio_top_p: FloatOpt = None,
     audio_top_k: Annotated[int | None, typer.Option()] = None,
-    audio_repetition_penalty: Annotated[float | None, typer.Option()] = None,
+    audio_repetition_penalty: Annotated[
+        float | None, typer.Option("--audio-repetition-penalty", "--audio-rep-penalty")
+    ] = None,
+    heads_backend: Annotated[
+        str | None,
+        typer.Option(help="auto/numpy/torch: float32 audio heads; ggml-f16: float16, faster."),
+    ] = None,
     n_gpu_layers: Annotated[int | None, typer.Option(help="-1 = all, 0 = CPU.")] = None,
-    threads: Annotated[int | None, typer.Option(help="CPU threads (0 = all).")] = None,
+    n_ctx: Annotated[int | None, typer.Option(help="Context length.")] = None,
+    flash_attn: Annotated[
+        str | None, typer.Option(help="auto, enabled or disabled.")
+    ] = None,
+    threads: Annotated[
+        int | None, typer.Option("--threads", "--n-threads", help="CPU threads (0 = all).")
+    ] = None,
+    low_memory: Annotated[
+        bool, typer.Option("--low-memory", help="Upstream's low-memory mode (accepted).")
+    ] = False,
+    normalize: Annotated[
+        bool,
+        typer.Option(
+            "--normalize/--no-normalize",
+            help="Clean the text as the MOSS-TTS processor does (markdown, spaces, "
+            "repeated punctuation).",
+        ),
+    ] = True,
     profile: Annotated[bool, typer.Option("--profile", help="Print where the time went.")] = False,
     quiet: Quiet = False,
     verbose: Verbose = False,
@@ -66,12 +109,19 @@ def synth_command(
     settings = SynthConfig.from_yaml(config).override(
         max_new_tokens=max_new_tokens,
         text_temperature=text_temperature,
+        text_top_p=text_top_p,
+        text_top_k=text_top_k,
         audio_temperature=audio_temperature,
         audio_top_p=audio_top_p,
         audio_top_k=audio_top_k,
         audio_repetition_penalty=audio_repetition_penalty,
+        heads_backend=heads_backend,
         n_gpu_layers=n_gpu_layers,
+        n_ctx=n_ctx,
+        flash_attn=flash_attn,
         n_threads=threads,
+        low_memory=low_memory or None,
+        profile=profile or None,
     )
     words = _read_text(text, text_file)
     # the llama.cpp runtime probe (cached once per build) catches a crashing build up front
@@ -95,10 +145,13 @@ def synth_command(
             language=language,
             seed=seed,
             progress=bar,
+            sound_event=sound_event,
+            ambient_sound=ambient_sound,
+            normalize=normalize,
         )
     p = result.profile
     info(mode, f"{p.frames} frames, {p.audio_s:.2f} s of audio in {p.total_s:.1f} s")
-    if profile:
+    if settings.profile:
         stdout.print(_profile_table(p))
     typer.echo(str(result.output))
 

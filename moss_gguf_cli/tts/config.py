@@ -1,12 +1,12 @@
-"""Settings of `synth`: the YAML of DESIGN.md §5 and the model facts found beside it.
+"""Settings of `synth`: the synth YAML (docs/ARCHITECTURE.md §5) and the model facts beside it.
 
-`SynthConfig.from_yaml(path)` reads the file the `layout`/`all` commands write, and
-also the upstream ``configs/llama_cpp/*.yaml`` files. Relative paths resolve against
-the YAML's folder (an upstream file, written relative to its project root, also
-resolves against the working directory when that is where the file exists).
-Unknown keys are a logged warning; a value of the wrong type is a UsageError naming
-the key. `ModelInfo` holds n_vq and the special token ids, read from the extraction
-meta / MOSS config next to the tables; DESIGN.md §2's defaults apply only when absent.
+`SynthConfig.from_yaml(path)` reads the file the `layout`/`all` commands write, and also
+upstream's ``configs/llama_cpp/*.yaml`` files unchanged. Relative paths resolve as upstream
+resolves them: against the project root (the nearest folder above the YAML holding a
+pyproject.toml), then the YAML's folder, then the working directory; the first that exists.
+Unknown keys are a logged warning; a value of the wrong type is a UsageError naming the key.
+`ModelInfo` holds n_vq and the special token ids, read from the extraction meta / MOSS config
+next to the tables; the defaults of docs/ARCHITECTURE.md §2 apply only when absent.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 
 from ..checkpoint import TOKEN_DEFAULTS
 from ..errors import InputError, UnsupportedModelError, UsageError
+from ..synth_defaults import SYNTH_DEFAULTS as D
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ FLOAT_KEYS = (
     "audio_repetition_penalty",
 )
 STR_KEYS = ("audio_backend", "heads_backend", "kv_cache_type_k", "kv_cache_type_v")
-BOOL_KEYS = ("use_gpu_audio",)
+BOOL_KEYS = ("use_gpu_audio", "low_memory", "profile")
 # upstream keys we read without using (other backends); no warning for them
 KNOWN_UPSTREAM_KEYS = frozenset(
     {"audio_encoder_trt", "audio_decoder_trt", "audio_tokenizer_dir", "audio_tokenizer_path"}
@@ -58,9 +59,10 @@ KNOWN_UPSTREAM_KEYS = frozenset(
 
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
 FLASH_ATTN = ("auto", "enabled", "disabled")
-HEADS_BACKENDS = ("auto", "numpy", "ggml", "torch")
+# auto, numpy, torch: float32 heads (upstream's numerics); ggml-f16: float16 through ggml
+HEADS_BACKENDS = ("auto", "numpy", "torch", "ggml-f16", "ggml")
 
-# DESIGN.md §2 defaults, used only when no config beside the tables says otherwise
+# docs/ARCHITECTURE.md §2 defaults, used only when no config beside the tables says otherwise
 DEFAULT_TOKENS = TOKEN_DEFAULTS
 
 
@@ -75,24 +77,27 @@ class SynthConfig:
     audio_decoder_onnx: Path | None = None
     audio_encoder_onnx: Path | None = None
     model_config: Path | None = None  # extraction_meta.json or the MOSS config.json
-    audio_backend: str = "onnx"
-    heads_backend: str = "auto"
-    n_ctx: int = 4096
-    n_batch: int = 512
-    n_threads: int = 0  # 0: all cores
-    n_gpu_layers: int = -1
-    max_new_tokens: int = 3072
-    use_gpu_audio: bool = False
-    kv_cache_type_k: str = "f16"
-    kv_cache_type_v: str = "f16"
-    flash_attn: str = "auto"
-    text_temperature: float = 1.5
-    text_top_p: float = 1.0
-    text_top_k: int = 50
-    audio_temperature: float = 1.7
-    audio_top_p: float = 0.8
-    audio_top_k: int = 25
-    audio_repetition_penalty: float = 1.0
+    # defaults: synth_defaults.SYNTH_DEFAULTS, the values layout writes (upstream's)
+    audio_backend: str = D["audio_backend"]
+    heads_backend: str = D["heads_backend"]
+    n_ctx: int = D["n_ctx"]
+    n_batch: int = D["n_batch"]
+    n_threads: int = D["n_threads"]  # 0: all cores
+    n_gpu_layers: int = D["n_gpu_layers"]
+    max_new_tokens: int = D["max_new_tokens"]
+    use_gpu_audio: bool = D["use_gpu_audio"]
+    kv_cache_type_k: str = D["kv_cache_type_k"]
+    kv_cache_type_v: str = D["kv_cache_type_v"]
+    flash_attn: str = D["flash_attn"]
+    text_temperature: float = D["text_temperature"]
+    text_top_p: float = D["text_top_p"]
+    text_top_k: int = D["text_top_k"]
+    audio_temperature: float = D["audio_temperature"]
+    audio_top_p: float = D["audio_top_p"]
+    audio_top_k: int = D["audio_top_k"]
+    audio_repetition_penalty: float = D["audio_repetition_penalty"]
+    low_memory: bool = False  # upstream's: load stage by stage (see validate)
+    profile: bool = False  # upstream's: print where the time went, as --profile
     source: Path | None = field(default=None, compare=False)
 
     @classmethod
@@ -137,6 +142,13 @@ class SynthConfig:
                 f"config is missing {', '.join(missing)}",
                 path=source,
                 hint="add the key(s) with a path to the weights folder's file",
+            )
+        if str(values.get("audio_backend", "onnx")).lower() == "trt":
+            raise UsageError(
+                "audio_backend trt: TensorRT audio engines are not supported by moss-gguf",
+                path=source,
+                hint="set audio_backend: onnx and audio_encoder_onnx / audio_decoder_onnx "
+                "to the MOSS-Audio-Tokenizer-ONNX files",
             )
         if "audio_decoder_onnx" not in values:
             raise UsageError(
@@ -191,6 +203,12 @@ class SynthConfig:
             raise bad("flash_attn", f"must be one of {', '.join(FLASH_ATTN)} (or true/false)")
         if self.heads_backend not in HEADS_BACKENDS:
             raise bad("heads_backend", f"must be one of {', '.join(HEADS_BACKENDS)}")
+        if self.low_memory:
+            log.info(
+                "%s: low_memory changes nothing here: the tables are memory-mapped (read "
+                "as used) and the codec sessions are small next to the backbone",
+                where or "config",
+            )
         if self.audio_backend != "onnx":
             log.warning(
                 "%s: audio_backend %r is not supported here; using the ONNX files",
@@ -266,17 +284,28 @@ def _convert(key: str, value: Any, base: Path, source: Path | None) -> Any:
     return value
 
 
+def project_root(folder: Path) -> Path | None:
+    """The nearest of FOLDER and its parents that holds a pyproject.toml (upstream's root)."""
+    for candidate in (folder, *folder.parents):
+        if (candidate / "pyproject.toml").is_file():
+            return candidate
+    return None
+
+
 def _resolve(path: Path, base: Path) -> Path:
+    """Upstream's order: the project root, the YAML's folder, the working directory.
+
+    The first that exists wins; when none does, the first candidate (so the error names it).
+    """
     if path.is_absolute():
         return path
-    beside = (base / path).resolve()
-    if not beside.exists():
-        # upstream YAMLs are written relative to their project root
-        here = (Path.cwd() / path).resolve()
-        if here.exists():
-            log.debug("%s: not beside the config, using %s", path, here)
-            return here
-    return beside
+    root = project_root(base)
+    candidates = [root / path] if root is not None else []
+    candidates += [base / path, Path.cwd() / path]
+    for c in candidates:
+        if c.exists():
+            return c.resolve()
+    return candidates[0].resolve()
 
 
 # ---------------------------------------------------------------- model facts

@@ -1,4 +1,4 @@
-"""The delay pattern: applying and undoing it, and the generation state machine (DESIGN.md §5).
+"""The delay pattern: applying and undoing it; the generation state machine (ARCHITECTURE.md §5).
 
 In the delay pattern codebook k of frame t sits on row t + k, so T frames span
 T + n_vq − 1 rows. Generation emits one row per step: a text id (column 0) and
@@ -146,8 +146,9 @@ class DelayMachine:
     def choose_audio(self, logits: np.ndarray, sampler: Sampler, plan: StepPlan) -> np.ndarray:
         """Codes of codebooks plan.audio_start..stop from their (stop − start, V) logits."""
         logits[:, self.pad] = -np.inf  # the pad code is never sampled
-        seen = self.seen[plan.audio_start : plan.audio_stop]
-        return sampler.audio(logits, seen)
+        if sampler.audio_params.repetition_penalty == 1.0:
+            return sampler.audio(logits, None)
+        return sampler.audio(logits, penalty_history(self.seen, plan.audio_start, plan.audio_stop))
 
     def advance(self, text: int, codes: np.ndarray | None, plan: StepPlan) -> np.ndarray:
         """Record this step's choices; returns the row (1 + n_vq,) fed back to the model."""
@@ -204,3 +205,18 @@ def generated_segments(rows: np.ndarray, info: ModelInfo) -> list[np.ndarray]:
     if rows.shape[0] == 0:
         return []
     return split_segments(undo_delay(rows[:, 1:], info.audio_pad_code), info.audio_pad_code)
+
+
+def penalty_history(seen: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """Which codes the repetition penalty hits, per codebook sampled this step.
+
+    As upstream's backend: codebook 0 by its own history; the other codebooks of the step
+    all by the union of their histories (prompt codes included).
+    """
+    out = np.empty((stop - start, seen.shape[1]), dtype=bool)
+    first = 1 if start == 0 else start
+    if start == 0:
+        out[0] = seen[0]
+    if stop > first:
+        out[first - start :] = seen[first:stop].any(axis=0)
+    return out

@@ -5,12 +5,12 @@ model), so the step cost is memory bandwidth: 537 MB as float32, 268 MB as float
 NumPy has no fast float16 matrix-vector product (it is ~20× slower than float32
 BLAS), so two backends:
 
-- ``numpy``: float32 stack, BLAS sgemv. Always available.
-- ``ggml``: float16 stack in a ggml context of the libggml that llama-cpp-python
-  ships, multiplied by ggml's CPU kernels (F16C/AVX2): half the bytes per step.
-  Reached through ctypes; no compilation.
-
-``auto`` takes ggml when its libraries load and falls back to numpy otherwise.
+- ``numpy`` (also ``auto`` and ``torch``): float32 stack, BLAS sgemv, the numerics of
+  upstream's backend and the Hugging Face reference. Always available.
+- ``ggml-f16`` (``ggml``): float16 stack (and a float16-rounded hidden state) in a ggml
+  context of the libggml that llama-cpp-python ships, multiplied by ggml's CPU kernels:
+  half the bytes per step, faster; near-ties in greedy decoding can flip. Opt-in.
+  Reached through ctypes; no compilation; falls back to numpy when it does not load.
 The pad code's column is set to −inf, so it is never sampled.
 """
 
@@ -78,9 +78,9 @@ class AudioHeads:
         self.rows = audio_rows
         self.pad = pad_code
         self._ggml: _GgmlMatVec | None = None
-        if backend in ("auto", "ggml", "torch"):
-            if backend == "torch":
-                log.info("heads_backend torch is not available here; using ggml/numpy")
+        if backend == "torch":
+            log.info("heads_backend torch: float32 heads in NumPy (no torch heads here)")
+        if backend in ("ggml-f16", "ggml"):
             try:
                 _, hidden = head_shape(lm_head_dir)
                 # memory-bound: one thread nearly saturates a memory channel, and a
@@ -94,10 +94,7 @@ class AudioHeads:
                     raise
                 self._ggml = ggml
             except _GgmlUnavailable as exc:
-                if backend == "ggml":
-                    log.warning("ggml heads unavailable (%s); using numpy float32", exc)
-                else:
-                    log.debug("ggml heads unavailable (%s); using numpy float32", exc)
+                log.warning("ggml heads unavailable (%s); using numpy float32", exc)
         if self._ggml is None:
             self._stacked = load_stacked(lm_head_dir, n_vq, audio_rows, np.float32)
             self.hidden = int(self._stacked.shape[1])
@@ -163,6 +160,8 @@ def _load_ggml() -> tuple[ctypes.CDLL, ctypes.CDLL]:
         base.ggml_init.restype = vp
         base.ggml_free.argtypes = [vp]
         base.ggml_free.restype = None
+        base.ggml_reset.argtypes = [vp]
+        base.ggml_reset.restype = None
         base.ggml_new_tensor_2d.argtypes = [vp, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
         base.ggml_new_tensor_2d.restype = vp
         base.ggml_mul_mat.argtypes = [vp, vp, vp]
@@ -201,11 +200,15 @@ class _GgmlMatVec:
             raise _GgmlUnavailable(f"hidden size {cols} is not a multiple of 32")
         self._base, self._cpu = base, cpu
         self.rows, self.cols, self.threads = rows, cols, n_threads
-        work = cols * 2 * 64 + (1 << 20)  # the f16 copy of x, plus slack
         size = rows * cols * 2 + (cols + rows) * 4 + 8 * base.ggml_tensor_overhead()
-        size += base.ggml_graph_overhead() + work
+        size += base.ggml_graph_overhead()
         self._ctx = base.ggml_init(_InitParams(size, None, False))
-        if not self._ctx:
+        # ggml_graph_compute_with_ctx allocates its work buffer (the f16 copy of x) in the
+        # context it is given on every call; a context of its own, reset before each call,
+        # keeps that from filling the weights' context after a few hundred steps
+        work = cols * 2 * 64 + (1 << 20) + base.ggml_tensor_overhead()
+        self._work = base.ggml_init(_InitParams(work, None, False))
+        if not self._ctx or not self._work:
             raise _GgmlUnavailable("ggml_init failed (out of memory?)")
         w = base.ggml_new_tensor_2d(self._ctx, _GGML_TYPE_F16, cols, rows)
         x = base.ggml_new_tensor_2d(self._ctx, _GGML_TYPE_F32, cols, 1)
@@ -221,7 +224,8 @@ class _GgmlMatVec:
         if self._ctx is None:
             raise RuntimeError("closed")
         self._x[:] = x
-        status = self._cpu.ggml_graph_compute_with_ctx(self._ctx, self._graph, self.threads)
+        self._base.ggml_reset(self._work)
+        status = self._cpu.ggml_graph_compute_with_ctx(self._work, self._graph, self.threads)
         if status != 0:
             raise RuntimeError(f"ggml_graph_compute failed with status {status}")
         return self._y
@@ -229,7 +233,8 @@ class _GgmlMatVec:
     def close(self) -> None:
         if self._ctx is not None:
             self._base.ggml_free(self._ctx)
-            self._ctx = None
+            self._base.ggml_free(self._work)
+            self._ctx = self._work = None
             self._x = self._y = self.weights = None  # type: ignore[assignment]
 
     def __del__(self) -> None:

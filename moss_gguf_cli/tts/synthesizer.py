@@ -30,6 +30,7 @@ from .config import ModelInfo, SynthConfig, find_model_info
 from .delay import DelayMachine, generated_segments
 from .embeddings import EmbeddingTables
 from .heads import AudioHeads
+from .normalize import normalize_text
 from .prompt import PromptFields, build_prompt, load_tokenizer
 from .sampling import Sampler, SamplingParams
 
@@ -76,28 +77,6 @@ class SynthProfile:
     def real_time_factor(self) -> float:
         """Wall time / audio time: below 1 is faster than real time."""
         return self.total_s / self.audio_s if self.audio_s > 0 else float("inf")
-
-    def as_dict(self) -> dict:
-        return {
-            "prompt_rows": self.prompt_rows,
-            "reference_frames": self.reference_frames,
-            "steps": self.steps,
-            "frames": self.frames,
-            "segments": self.segments,
-            "stopped": self.stopped,
-            "audio_s": round(self.audio_s, 3),
-            "prefill_s": round(self.prefill_s, 4),
-            "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 1),
-            "steps_per_s": round(self.steps_per_s, 2),
-            "step_ms": {
-                part: round(self.per_step_ms(part), 3)
-                for part in ("backbone", "heads", "sampling", "embed")
-            },
-            "decode_s": round(self.decode_s, 4),
-            "total_s": round(self.total_s, 4),
-            "real_time_factor": round(self.real_time_factor, 3),
-            "heads_backend": self.heads_backend,
-        }
 
 
 @dataclass
@@ -216,8 +195,12 @@ class Synthesizer:
         seed: int | None = None,
         reference_codes: np.ndarray | None = None,
         progress: ProgressReporter | None = None,
+        normalize: bool = True,
     ) -> SynthResult:
-        """Like `generate`, returning the codes, rows and profile too."""
+        """Like `generate`, returning the codes, rows and profile too.
+
+        ``normalize``: clean TEXT as the reference processor does (tts/normalize.py) first.
+        """
         if self.backbone is None or self.codec is None:
             raise InputError("the synthesizer is closed")
         progress = ensure(progress)
@@ -226,7 +209,7 @@ class Synthesizer:
         t_start = time.perf_counter()
 
         fields = PromptFields(
-            text=text,
+            text=normalize_text(text) if normalize else text,
             instruction=instruction,
             tokens=tokens,
             quality=quality,
@@ -387,6 +370,9 @@ def synth_to_wav(
     max_new_tokens: int | None = None,
     seed: int | None = None,
     progress: ProgressReporter | None = None,
+    sound_event: str | None = None,
+    ambient_sound: str | None = None,
+    normalize: bool = True,
 ) -> SynthResult:
     """Load, speak TEXT once and write OUTPUT (24 kHz WAV): what `moss-gguf synth` does."""
     output = Path(output)
@@ -410,6 +396,9 @@ def synth_to_wav(
             max_new_tokens=max_new_tokens,
             seed=seed,
             progress=progress,
+            sound_event=sound_event,
+            ambient_sound=ambient_sound,
+            normalize=normalize,
         )
         rate = tts.info.sampling_rate  # the model's (checked against the codec's on load)
     result.output = write_wav(output, result.waveform, rate)

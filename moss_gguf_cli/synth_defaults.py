@@ -1,0 +1,33 @@
+"""The synth settings every weights folder starts from: one source for layout and synth.
+
+``layout`` writes these into each ``moss-tts.yaml``; ``tts.config.SynthConfig`` takes them as
+its defaults; ``configs/llama_cpp/default.yaml`` holds the same values (a test keeps the three
+in step). They are upstream's ``configs/llama_cpp/default.yaml`` values, so a folder made here
+behaves like upstream's backend: float32 audio heads, flash attention where llama.cpp
+supports it, 3072 new tokens (about four minutes of audio), four threads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SYNTH_DEFAULTS: dict[str, Any] = {
+    "audio_backend": "onnx",
+    "heads_backend": "auto",  # float32 heads, as upstream; ggml-f16 is the faster opt-in
+    "n_ctx": 4096,
+    "n_batch": 512,
+    "n_threads": 4,
+    "n_gpu_layers": -1,  # every layer when llama.cpp has a GPU backend; nothing on CPU builds
+    "max_new_tokens": 3072,
+    "use_gpu_audio": True,  # onnxruntime's CUDA provider when it is installed, else the CPU
+    "kv_cache_type_k": "f16",
+    "kv_cache_type_v": "f16",
+    "flash_attn": "auto",
+    "text_temperature": 1.5,
+    "text_top_p": 1.0,
+    "text_top_k": 50,
+    "audio_temperature": 1.7,
+    "audio_top_p": 0.8,
+    "audio_top_k": 25,
+    "audio_repetition_penalty": 1.0,
+}
