@@ -37,7 +37,6 @@ TOKENIZER_DIR = "tokenizer"
 AUDIO_TOKENIZER_DIR = "audio_tokenizer"
 
 
-
 class LayoutMode(str, Enum):
     link = "link"
     copy = "copy"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -81,6 +82,10 @@ def _package_logger_propagates():
     logging.getLogger("moss_gguf_cli").propagate = True
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class HeldRun:
     """Starts a command that stops at a named hold point (moss_gguf_cli.holds), then returns.
 
@@ -98,6 +103,9 @@ class HeldRun:
         assert point in POINTS, point
         marker = self._dir / f"{len(self._procs)}-{point}"
         env = {**os.environ, **popen.pop("env", {}), ENV: f"{point}={marker}"}
+        # a test runner started in the background (`cmd &` in a script) ignores SIGINT, and
+        # children inherit that: give the run the default disposition, as a terminal would
+        popen.setdefault("preexec_fn", _default_sigint)
         proc = subprocess.Popen(cmd, env=env, **popen)
         self._procs.append(proc)
         deadline = time.monotonic() + 600  # a safety net against a hang, not a race
