@@ -825,6 +825,22 @@ def write_tensor_data(
         worker.join()
 
 
+def write_header(path: Path, plan: GGUFPlan) -> tuple[int, int, int]:
+    """Write the plan's header (key/values and tensor infos) to a new file at path.
+
+    Returns (header bytes, data alignment, the size the whole file will have)."""
+    writer = build_writer(plan)
+    writer.write_header_to_file(path=Path(path))
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    alignment = writer.data_alignment
+    writer.close()
+    header = Path(path).stat().st_size
+    data_start = header + (-header % alignment)
+    size = data_start + sum(t.nbytes + (-t.nbytes % alignment) for t in plan.tensors)
+    return header, alignment, size
+
+
 def write_gguf(
     path: Path,
     plan: GGUFPlan,
@@ -837,19 +853,12 @@ def write_gguf(
     cache once every reader is past it).
     """
     bar = ensure(progress)
-    writer = build_writer(plan)
-    writer.write_header_to_file(path=Path(path))
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    alignment = writer.data_alignment
-    writer.close()
+    header, alignment, size = write_header(path, plan)
 
     bar.start("convert:bytes", "convert", plan.source_bytes, "B")
     bar.start("convert:tensors", "tensors", len(plan.tensors), "")
     with open(path, "r+b") as out:
-        header = out.seek(0, os.SEEK_END)
-        data_start = header + (-header % alignment)
-        size = data_start + sum(t.nbytes + (-t.nbytes % alignment) for t in plan.tensors)
+        out.seek(header)
         # kept in the page cache: quantize (or a first run) reads the GGUF next
         with appender(out, Path(path), header, size, keep_cached=True) as sink:
             write_tensor_data(

@@ -27,7 +27,7 @@ from .audio_tokenizer import default_source as default_codec
 from .audio_tokenizer import resolve as resolve_codec
 from .checkpoint import open_checkpoint, resolve_model
 from .digests import remember_sha256
-from .errors import MossGgufError, NumericError, OutputError, UsageError
+from .errors import InputError, MossGgufError, NumericError, OutputError, ToolError, UsageError
 from .extract import EMBEDDING_DIR, LM_HEAD_DIR, META_NAME, extract, npy_jobs
 from .holds import hold
 from .layout import (
@@ -40,6 +40,7 @@ from .layout import (
     layout,
     read_meta,
 )
+from .llama_cpp import LIBRARY_HINT
 from .preconverted import GgufRepo, choose, derive_meta, fetch, recognise, write_meta
 from .progress import ProgressReporter, ensure
 from .quantize import APPROX_BPW
@@ -60,7 +61,8 @@ class AllSettings:
     output: Path
     quants: list[str] = field(default_factory=lambda: ["Q4_K_M"])
     outtype: str = "auto"  # f16, bf16, or auto: f16 unless a tensor overflows it
-    engine: str = "auto"  # quantize engine
+    engine: str = "auto"  # direct (one read, no intermediate), binary, library, or auto
+    imatrix: Path | None = None
     llama_cpp: Path | None = None
     keep_intermediate: bool = False
     force: bool = False
@@ -101,12 +103,16 @@ def work_dir(output: Path) -> Path:
     return output.parent / f".{output.name}.work"
 
 
-def plan_bytes(model_dir: Path, settings: AllSettings) -> int:
-    """Peak disk the run needs: tables + intermediate GGUF + quantized GGUFs (+ kept copy)."""
+ENGINES = ("auto", "direct", "binary", "library")
+
+
+def plan_bytes(model_dir: Path, settings: AllSettings, direct: bool = False) -> int:
+    """Peak disk the run needs: tables + intermediate GGUF (not with the direct engine
+    unless kept) + quantized GGUFs (+ kept copy)."""
     ck = open_checkpoint(model_dir)
     backbone_params = sum(int(np.prod(r.shape)) for _, r in ck.backbone_tensors())
     tables = sum(int(np.prod(j.source.shape)) * 2 for j in npy_jobs(ck))
-    intermediate = backbone_params * 2
+    intermediate = 0 if direct and not settings.keep_intermediate else backbone_params * 2
     quantized = sum(backbone_params * APPROX_BPW.get(q.upper(), 16) / 8 for q in settings.quants)
     kept = sum(r.nbytes for _, r in ck.backbone_tensors()) if settings.keep_intermediate else 0
     return int(tables + intermediate + quantized + kept) + (64 << 20)
@@ -164,6 +170,27 @@ def _layout_complete(output: Path, gguf_names: list[str]) -> bool:
         return False
 
 
+def _known_engine(engine: str) -> None:
+    if engine not in ENGINES:
+        raise UsageError(f"unknown engine {engine!r}", hint=f"choose {', '.join(ENGINES)}")
+
+
+def choose_engine(engine: str, llama_cpp: Path | None) -> str:
+    """The engine `all` quantizes with: direct where it can run (auto), else a two-pass one."""
+    from . import quantize_direct
+    from .quantize import parse_engine, resolve_engine
+
+    _known_engine(engine)
+    if engine in ("auto", "direct"):
+        why = quantize_direct.available()
+        if why is None:
+            return "direct"
+        if engine == "direct":
+            raise ToolError(f"the direct engine cannot run: {why}", hint=LIBRARY_HINT)
+    resolved, _ = resolve_engine(parse_engine(engine), llama_cpp)
+    return resolved.value
+
+
 def run_all(
     settings: AllSettings,
     progress: ProgressReporter | None = None,
@@ -172,7 +199,7 @@ def run_all(
     """Run every step that is not already complete; return what was made and how long it took."""
     from .convert import convert
     from .doctor import preflight
-    from .quantize import Engine, output_name, parse_file_type, resolve_engine
+    from .quantize import output_name, parse_file_type
 
     bar = ensure(progress)
     if not settings.model.startswith("builtin:"):
@@ -183,6 +210,9 @@ def run_all(
     quants = [parse_file_type(q) for q in settings.quants] or ["Q4_K_M"]
     if settings.outtype not in ("auto", "f16", "bf16"):
         raise UsageError(f"unknown --outtype {settings.outtype!r}", hint="use auto, f16 or bf16")
+    _known_engine(settings.engine)
+    if settings.imatrix is not None and not Path(settings.imatrix).is_file():
+        raise InputError("importance matrix file not found", path=settings.imatrix)
     work = work_dir(output)
     if settings.force:
         shutil.rmtree(work, ignore_errors=True)
@@ -202,7 +232,7 @@ def run_all(
             output=None,
             needed_bytes=None,
             llama_cpp=settings.llama_cpp,
-            engine=settings.engine,
+            engine=_preflight_engine(settings.engine),
         )
     # the codec before the model: a missing one fails in seconds, not after the conversion.
     # A local folder is looked at first: refusing a look-alike model needs no codec.
@@ -218,7 +248,8 @@ def run_all(
     model_dir = resolve_model(settings.model, settings.revision, settings.cache_dir, bar)
     if codec is not None and settings.audio_tokenizer is None:
         default_codec(builtin=is_tiny, sampling_rate=open_checkpoint(model_dir).moss.sampling_rate)
-    engine, _ = resolve_engine(Engine(settings.engine), settings.llama_cpp)
+    engine = choose_engine(settings.engine, settings.llama_cpp)
+    direct = engine == "direct"
     if (
         not layout_done
         and not settings.force
@@ -231,13 +262,13 @@ def run_all(
             hint="choose another --output or pass --force to replace it",
         )
     if not layout_done and not work.exists():
-        needed = plan_bytes(model_dir, settings)
+        needed = plan_bytes(model_dir, settings, direct)
         preflight(
             needs_quantize=False,
             output=output,
             needed_bytes=needed,
             llama_cpp=settings.llama_cpp,
-            engine=settings.engine,
+            engine=_preflight_engine(settings.engine),
         )
         log.info("the plan needs about %s of free disk", human_bytes(needed))
     if not layout_done:
@@ -273,10 +304,13 @@ def run_all(
     )
     quantized = all(_gguf_complete(g, q) for g, q in zip(ggufs, quants, strict=True))
     must_extract = not layout_done and not _extract_complete(extracted)
-    must_convert = not (layout_done or quantized or intermediate is not None)
+    # the direct engine reads the source once for every type: no convert step
+    must_direct = direct and not (layout_done or quantized)
+    must_convert = not (direct or layout_done or quantized or intermediate is not None)
+    reads_backbone = must_convert or must_direct
     pages = None
-    if (must_extract or must_convert) and not settings.keep_intermediate:
-        pages = _source_pages(model_dir, must_extract, must_convert)
+    if (must_extract or reads_backbone) and not settings.keep_intermediate:
+        pages = _source_pages(model_dir, must_extract, reads_backbone)
 
     # 1. extract: tables, tokenizer and meta (the backbone weights only if kept). It runs in
     #    the background at the lowest CPU priority, so that convert and quantize, which
@@ -320,7 +354,9 @@ def run_all(
 
     try:
         # 2. convert the backbone straight from the source shards
-        if not must_convert:
+        if direct:
+            skipped("convert", "not needed: quantized straight from the checkpoint")
+        elif not must_convert:
             skipped("convert")
         else:
             t = step("convert")
@@ -354,6 +390,11 @@ def run_all(
             todo = [(g, q) for g, q in zip(ggufs, quants, strict=True) if not _gguf_complete(g, q)]
             if not todo:
                 skipped("quantize")
+            elif direct:
+                t = step("quantize")
+                q = _quantize_direct(model_dir, todo, settings, work, bar, pages)
+                results, intermediate = q.results, q.intermediate
+                notes += q.notes
             else:
                 t = step("quantize")
                 results = quantize(
@@ -362,15 +403,19 @@ def run_all(
                     [q for _, q in todo],
                     engine=engine,
                     llama_cpp=settings.llama_cpp,
+                    imatrix=settings.imatrix,
                     threads=settings.threads,
                     force=True,
                     progress=bar,
                 )
+            if todo:
                 fallbacks = sum(len(r.fallbacks) for r in results)
+                how = " in one read of the checkpoint" if direct else ""
                 done(
                     "quantize",
                     t,
                     ", ".join(f"{r.output.name} {r.bpw:.2f} bpw" for r in results)
+                    + how
                     + (f"; {fallbacks} fallback tensor types" if fallbacks else ""),
                 )
 
@@ -433,6 +478,27 @@ def run_all(
     return AllResult(
         output, config, [output / g.name for g in ggufs], steps, files, kept, notes, report,
         speaks=speaks,
+    )  # fmt: skip
+
+
+def _preflight_engine(engine: str) -> str:
+    """The quantize engine doctor's pre-flight checks for `all --engine ENGINE`."""
+    from . import quantize_direct
+
+    if engine in ("auto", "direct") and quantize_direct.available() is None:
+        return "library"  # the direct engine runs libllama's dry run and libggml
+    return "auto" if engine == "direct" else engine
+
+
+def _quantize_direct(model_dir, todo, settings: AllSettings, work: Path, bar, pages):
+    from .quantize import QuantizeSettings, load_imatrix
+    from .quantize_direct import quantize_checkpoint
+
+    imatrix = load_imatrix(settings.imatrix) if settings.imatrix is not None else None
+    qs = QuantizeSettings(threads=settings.threads, imatrix=settings.imatrix)
+    return quantize_checkpoint(
+        model_dir, todo, settings.outtype, qs, imatrix, work,
+        keep_intermediate=settings.keep_intermediate, force=True, progress=bar, pages=pages,
     )  # fmt: skip
 
 

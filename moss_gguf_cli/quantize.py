@@ -692,11 +692,13 @@ def _library_quantize(
     s: QuantizeSettings,
     imatrix_data: ImatrixData | None,
     on_text: Callable[[str], None],
+    dry_run: bool = False,
 ) -> int:
     """llama_model_quantize in a worker thread; its log reaches on_text on this thread.
 
     A worker keeps this thread free to report progress and to take Ctrl-C (an exception
-    raised inside a ctypes callback would be swallowed).
+    raised inside a ctypes callback would be swallowed). With ``dry_run`` llama.cpp only
+    decides and logs each tensor's type; it reads no tensor data and writes nothing.
     """
     import ctypes
 
@@ -713,6 +715,7 @@ def _library_quantize(
         params.output_tensor_type = ttypes[s.output_tensor_type.upper()]
     params.allow_requantize = bool(s.allow_requantize)
     params.pure = bool(s.pure)
+    params.dry_run = bool(dry_run)
     keep: list[Any] = []  # arrays params points into
     if imatrix_data is not None:
         _attach_imatrix(params, imatrix_data, str(s.imatrix), keep)
@@ -910,29 +913,32 @@ def _attach_imatrix(params: Any, data: ImatrixData, file_arg: str, keep: list[An
     keep.append(arr)
     params.imatrix = ctypes.cast(arr, ctypes.POINTER(llama_cpp.llama_model_imatrix_data))
 
-    kvs: list[tuple[str, int, Any]] = [
-        ("quantize.imatrix.file", llama_cpp.LLAMA_KV_OVERRIDE_TYPE_STR, file_arg)
-    ]
-    if data.datasets:
-        kvs.append(
-            ("quantize.imatrix.dataset", llama_cpp.LLAMA_KV_OVERRIDE_TYPE_STR, data.datasets[0])
-        )
-    kvs.append(("quantize.imatrix.entries_count", llama_cpp.LLAMA_KV_OVERRIDE_TYPE_INT, n))
-    if data.chunk_count > 0:
-        kvs.append(
-            (
-                "quantize.imatrix.chunks_count",
-                llama_cpp.LLAMA_KV_OVERRIDE_TYPE_INT,
-                data.chunk_count,
-            )
-        )
+    kvs = [
+        (key, llama_cpp.LLAMA_KV_OVERRIDE_TYPE_STR if isinstance(value, str)
+         else llama_cpp.LLAMA_KV_OVERRIDE_TYPE_INT, value)
+        for key, value in imatrix_kvs(data, file_arg)
+    ]  # fmt: skip
     ov = (llama_cpp.llama_model_kv_override * (len(kvs) + 1))()
     for i, (key, tag, value) in enumerate(kvs):
         ov[i].key = key.encode()
         ov[i].tag = tag
         if tag == llama_cpp.LLAMA_KV_OVERRIDE_TYPE_STR:
-            ov[i].value.val_str = value.encode()[:127]  # llama-quantize keeps 127 bytes
+            ov[i].value.val_str = value.encode()[:OVERRIDE_STR_BYTES]
         else:
             ov[i].value.val_i64 = int(value)
     keep.append(ov)
     params.kv_overrides = ctypes.cast(ov, ctypes.POINTER(llama_cpp.llama_model_kv_override))
+
+
+OVERRIDE_STR_BYTES = 127  # llama_model_kv_override's char[128] keeps this many bytes
+
+
+def imatrix_kvs(data: ImatrixData, file_arg: str) -> list[tuple[str, int | str]]:
+    """The quantize.imatrix.* keys llama-quantize adds, in its order."""
+    kvs: list[tuple[str, int | str]] = [("quantize.imatrix.file", file_arg)]
+    if data.datasets:
+        kvs.append(("quantize.imatrix.dataset", data.datasets[0]))
+    kvs.append(("quantize.imatrix.entries_count", len(data.entries)))
+    if data.chunk_count > 0:
+        kvs.append(("quantize.imatrix.chunks_count", data.chunk_count))
+    return kvs

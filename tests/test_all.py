@@ -55,7 +55,9 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess
 def test_all_builds_a_verified_weights_folder(finished) -> None:
     out, proc = finished
     assert proc.returncode == 0, proc.stderr
-    assert statuses(proc.stdout) == dict.fromkeys(STEPS, "done")
+    # the default engine is the direct one: no intermediate, so no convert step
+    assert statuses(proc.stdout) == {**dict.fromkeys(STEPS, "done"), "convert": "skipped"}
+    assert "quantized straight from the checkpoint" in proc.stdout
     assert "synth config:" in proc.stdout
     assert (out / "backbone_q4_k_m.gguf").is_file()
     assert len(list((out / "embeddings").glob("*.npy"))) == 33
@@ -115,7 +117,9 @@ BACKGROUND = {"extract", "convert", "quantize"}
 @pytest.mark.parametrize("step", STEPS)
 def test_killed_in_each_step_resumes(step: str, tmp_path: Path, held_run) -> None:
     out = tmp_path / "w"
-    cmd = [sys.executable, "-m", "moss_gguf_cli", "all", "--model", "builtin:tiny"]
+    # only the two-pass engines have a convert step: the direct one quantizes from the source
+    engine = ["--engine", "library"] if step == "convert" else []
+    cmd = [sys.executable, "-m", "moss_gguf_cli", "all", "--model", "builtin:tiny", *engine]
     proc = held_run(
         cmd + ["--output", str(out), "-q"], step,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -127,7 +131,7 @@ def test_killed_in_each_step_resumes(step: str, tmp_path: Path, held_run) -> Non
     if step != "verify":
         assert not (out / "manifest.json").exists()  # nothing there passes for a result
 
-    rerun = run_all_cli(out)
+    rerun = run_all_cli(out, *engine)
     assert rerun.returncode == 0, rerun.stderr
     got = statuses(rerun.stdout)
     assert got[step] == "done"

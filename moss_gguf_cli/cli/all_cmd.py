@@ -31,7 +31,9 @@ EXAMPLES = """
 
   moss-gguf all --config configs/recipes/MOSS-TTS-Q4_K_M.yaml --output weights/MOSS-TTS-Q4_K_M
 
-An interrupted run resumes where it stopped when run again; --force starts over.
+Several --quant types cost one read of the checkpoint: the direct engine writes them all in
+one pass, with no intermediate GGUF on disk. An interrupted run resumes where it stopped
+when run again; --force starts over.
 """
 
 
@@ -69,10 +71,16 @@ def all_command(
     engine: Annotated[
         str | None,
         typer.Option(
-            help="Quantize engine: auto, binary (llama-quantize) or library (libllama in-process)."
+            help="Quantize engine: direct (one read of the checkpoint, no intermediate GGUF; "
+            "ggml's quantizer, byte-identical to llama-quantize), binary (llama-quantize on an "
+            "f16 GGUF), library (libllama on it), or auto (direct where it runs)."
         ),
     ] = None,
     llama_cpp: LlamaCppDir = None,
+    imatrix: Annotated[
+        Path | None,
+        typer.Option(help="Importance matrix (llama-imatrix's .gguf or .dat) for the quant types."),
+    ] = None,
     audio_tokenizer: Annotated[
         str | None,
         typer.Option(
@@ -107,6 +115,7 @@ def all_command(
         engine=engine or r.engine or "auto",
         synth=r.synth,
         llama_cpp=llama_cpp,
+        imatrix=imatrix,
         keep_intermediate=keep_intermediate,
         force=force,
         revision=revision or r.revision,

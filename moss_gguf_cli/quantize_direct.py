@@ -1,0 +1,489 @@
+"""Quantize straight from the checkpoint: one read of the source for every requested type.
+
+The guide's chain writes an f16 GGUF and has llama-quantize read it back. Here each source
+tensor is read once, rounded exactly as that intermediate would hold it, widened to
+float32 as llama-quantize widens it, and quantized with ggml's own routines from the
+libggml llama-cpp-python ships, for every requested type in the same pass.
+
+What llama-quantize decides is asked of llama.cpp itself, not re-derived:
+- each tensor's type, by a dry run of `llama_model_quantize` on a stand-in GGUF that has
+  the real header and no data (a sparse file: it takes no disk);
+- each output's header, by ggml's GGUF API, which is what llama-quantize writes with,
+  called in the order it calls it (key/values copied, version and file type set, the
+  tensors in the loader's order with their new types).
+The tests compare every byte with llama-quantize's output.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from . import ggml_lib
+from . import llama_cpp as lc
+from .errors import InputError, ToolError, UsageError
+from .gguf_write import CHUNK_BYTES, GGUFPlan, GGUFTensor, _produce, _Scratch, write_header
+from .holds import hold
+from .progress import ProgressReporter, ensure
+from .quantize import (
+    OVERRIDE_STR_BYTES,
+    Engine,
+    ImatrixData,
+    QuantizeJob,
+    QuantizeResult,
+    QuantizeSettings,
+    _command,
+    _library_quantize,
+    file_types,
+    imatrix_kvs,
+)
+from .sinks import appender
+from .source_pages import SourcePages
+from .staging import staged_file
+
+log = logging.getLogger(__name__)
+
+ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT: llama-quantize writes with it whatever the input says
+_SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")  # llama-quantize drops them
+_QT = gguf.GGMLQuantizationType
+
+
+class DirectUnavailable(Exception):
+    """The direct path cannot run here (no llama-cpp-python, no sparse files); use another."""
+
+
+def available() -> str | None:
+    """None if the direct path can run here, else why not."""
+    if not lc.library_available():
+        return "llama-cpp-python (libllama) is not installed"
+    try:
+        ggml_lib.load()
+    except ggml_lib.GgmlUnavailable as exc:
+        return str(exc)
+    return None
+
+
+@dataclass
+class DirectTarget:
+    """One output GGUF: its type per tensor (llama.cpp's choice) and its header bytes."""
+
+    output: Path
+    file_type: str
+    types: dict[str, int]  # tensor name -> ggml type id
+    header: ggml_lib.HeaderBytes
+    rows: list[lc.TensorRow] = field(default_factory=list)
+    fallbacks: list[lc.TensorFallback] = field(default_factory=list)
+    command: list[str] = field(default_factory=list)
+    positional: bool = False  # tensors not in read order (the kept intermediate): pwrite
+
+    @property
+    def size(self) -> int:
+        return len(self.header.meta) + self.header.data_bytes
+
+
+@dataclass
+class DirectPlan:
+    source: GGUFPlan
+    tensors: list[GGUFTensor]  # in read order: the quantized outputs' order
+    targets: list[DirectTarget]
+    imatrix: ImatrixData | None
+    threads: int
+
+    @property
+    def output_bytes(self) -> int:
+        return sum(t.size for t in self.targets)
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def plan_direct(
+    source: GGUFPlan,
+    outputs: list[tuple[Path, str]],
+    settings: QuantizeSettings,
+    imatrix: ImatrixData | None,
+    scratch_dir: Path,
+    intermediate: Path | None = None,
+) -> DirectPlan:
+    """Ask llama.cpp what each output holds; no tensor data is read.
+
+    ``intermediate``: also write the f16/bf16 GGUF the guide's chain would have made.
+    """
+    why = available()
+    if why:
+        raise DirectUnavailable(why)
+    scratch_dir.mkdir(parents=True, exist_ok=True)
+    stand_in = scratch_dir / f".stand-in-{os.getpid()}.gguf"
+    try:
+        header_len, _, size = write_header(stand_in, source)
+        os.truncate(stand_in, size)  # a hole: no disk, and llama.cpp only maps it
+        if os.stat(stand_in).st_blocks * 512 > header_len + (16 << 20):
+            raise DirectUnavailable(f"the file system of {scratch_dir} has no sparse files")
+        targets = [
+            _dry_run(stand_in, out, ftype, settings, imatrix, source) for out, ftype in outputs
+        ]
+        order = [r.name for r in targets[0].rows]
+        for t in targets[1:]:
+            if [r.name for r in t.rows] != order:
+                raise AssertionError("llama.cpp gave two types different tensor orders")
+        with ggml_lib.GgufHeader(stand_in) as src:
+            for t in targets:
+                t.header = _header(src, t, settings, imatrix)
+            if intermediate is not None:
+                targets.append(_intermediate(src, stand_in, header_len, intermediate, source))
+    finally:
+        stand_in.unlink(missing_ok=True)
+    by_name = {t.name: t for t in source.tensors}
+    if sorted(order) != sorted(by_name):
+        raise AssertionError("llama.cpp's tensor list differs from the plan's")
+    threads = settings.threads or os.cpu_count() or 1
+    return DirectPlan(source, [by_name[n] for n in order], targets, imatrix, threads)
+
+
+def _dry_run(
+    stand_in: Path,
+    output: Path,
+    file_type: str,
+    s: QuantizeSettings,
+    imatrix: ImatrixData | None,
+    source: GGUFPlan,
+) -> DirectTarget:
+    """llama_model_quantize's dry run: which type each tensor gets, in which order."""
+    ftype = file_types()[file_type]
+    command = _command(lc.QUANTIZE_BIN, stand_in, output, file_type, s)
+    job = QuantizeJob(stand_in, output, file_type, ftype, Engine.LIBRARY, command, s)
+    parser = lc.QuantizeLogParser()
+    rc = _library_quantize(job, output, s, imatrix, parser.feed, dry_run=True)
+    parser.close()
+    if rc != 0 or parser.error:
+        why = parser.error or lc.last_lines(list(parser.lines))
+        raise ToolError(f"llama.cpp cannot plan {file_type}: {why}")
+    if imatrix is None and any("will require an imatrix" in line for line in parser.lines):
+        raise UsageError(
+            f"{file_type} needs an importance matrix",
+            hint="pass --imatrix FILE (made by llama-imatrix), or choose another type",
+        )
+    if len(parser.rows) != len(source.tensors):
+        raise ToolError(
+            f"llama.cpp's dry run listed {len(parser.rows)} tensors, expected "
+            f"{len(source.tensors)}: {lc.last_lines(list(parser.lines))}"
+        )
+    types = {r.name: int(_QT[r.dst_type.upper()]) for r in parser.rows}
+    empty = ggml_lib.HeaderBytes(b"", {}, {}, 0)
+    return DirectTarget(output, file_type, types, empty, parser.rows, parser.fallbacks, command)
+
+
+def _header(
+    src: ggml_lib.GgufHeader,
+    t: DirectTarget,
+    s: QuantizeSettings,
+    imatrix: ImatrixData | None,
+) -> ggml_lib.HeaderBytes:
+    """The header llama-quantize would write for this target."""
+    overrides: list[tuple[str, int | bytes]] = []
+    if imatrix is not None:
+        for key, value in imatrix_kvs(imatrix, str(s.imatrix)):
+            overrides.append(
+                (key, value.encode()[:OVERRIDE_STR_BYTES] if isinstance(value, str) else value)
+            )
+    return ggml_lib.build_header(
+        src,
+        [(r.name, t.types[r.name]) for r in t.rows],
+        [
+            ("general.quantization_version", gguf.GGML_QUANT_VERSION),
+            ("general.file_type", file_types()[t.file_type]),
+        ],
+        list(_SPLIT_KEYS),
+        overrides,
+    )
+
+
+def _intermediate(
+    src: ggml_lib.GgufHeader, stand_in: Path, header_len: int, output: Path, source: GGUFPlan
+) -> DirectTarget:
+    """The f16/bf16 GGUF itself: the stand-in's header, the plan's types and order."""
+    with open(stand_in, "rb") as fh:
+        head = fh.read(header_len)
+    meta = head + b"\0" * (-header_len % ALIGNMENT)
+    offsets, sizes, at = {}, {}, 0
+    for t in source.tensors:
+        offsets[t.name], sizes[t.name] = at, t.nbytes
+        at += t.nbytes + (-t.nbytes % ALIGNMENT)
+    header = ggml_lib.HeaderBytes(meta, offsets, sizes, at)
+    types = {t.name: int(t.qtype) for t in source.tensors}
+    return DirectTarget(output, source.outtype.value.upper(), types, header, positional=True)
+
+
+# --------------------------------------------------------------------------- running
+
+
+class _Quantizer:
+    """Quantizes row blocks of one chunk on a pool of threads (ctypes frees the GIL)."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="quantize")
+
+    def run(self, type_id: int, f32: np.ndarray, imatrix: np.ndarray | None) -> np.ndarray:
+        rows, cols = f32.shape
+        out = np.empty(rows * ggml_lib.row_size(type_id, cols), dtype=np.uint8)
+        k = max(1, min(self.threads, rows))
+        cuts = [rows * i // k for i in range(k + 1)]
+        parts = [
+            self.pool.submit(ggml_lib.quantize_rows, type_id, f32, out, a, b, imatrix)
+            for a, b in zip(cuts, cuts[1:], strict=False)
+            if b > a
+        ]
+        if sum(p.result() for p in parts) != out.nbytes:
+            raise AssertionError("ggml quantized a different number of bytes")
+        if not ggml_lib.valid_rows(type_id, out):
+            raise ToolError(f"ggml's check of the quantized {_QT(type_id).name} data failed")
+        return out
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+def _widen(data: np.ndarray, qtype: _QT) -> np.ndarray:
+    """float32 of the intermediate's values, as llama-quantize dequantizes them (exact)."""
+    if qtype == _QT.F32:
+        return np.ascontiguousarray(data, dtype=np.float32)
+    if qtype == _QT.BF16:
+        return np.left_shift(data.view(np.uint16).astype(np.uint32), 16).view(np.float32)
+    return data.astype(np.float32)
+
+
+def _imatrix_for(plan: DirectPlan, t: GGUFTensor) -> np.ndarray | None:
+    """This tensor's importance vector, checked as llama-quantize checks it."""
+    if plan.imatrix is None:
+        return None
+    values = plan.imatrix.entries.get(t.name)
+    if values is None:
+        log.info("the importance matrix has no entry for %s", t.name)
+        return None
+    cols = t.shape[-1]
+    if values.size != cols:
+        if t.name.startswith("token_embd."):
+            return None  # llama-quantize, too, quantizes the embedding without it
+        raise InputError(
+            f"importance matrix entry {t.name} has {values.size} values for {cols} columns",
+            hint="use an imatrix made for this model",
+        )
+    return np.ascontiguousarray(values, dtype=np.float32)
+
+
+class _Outputs:
+    """The open output files, each fed tensor after tensor (enter on an ExitStack)."""
+
+    def __init__(self, plan: DirectPlan, paths: list[Path], stack: ExitStack):
+        self.plan = plan
+        self.files = [stack.enter_context(open(p, "w+b")) for p in paths]
+        self.sinks: list = []
+        for target, fh, path in zip(plan.targets, self.files, paths, strict=True):
+            fh.write(target.header.meta)
+            if target.positional:
+                fh.truncate(target.size)
+                self.sinks.append(None)
+            else:
+                sink = stack.enter_context(appender(fh, path, len(target.header.meta), target.size))
+                self.sinks.append(sink)
+
+    def write(self, i: int, name: str, done: int, data: np.ndarray) -> None:
+        target = self.plan.targets[i]
+        if target.positional:
+            at = len(target.header.meta) + target.header.offsets[name] + done
+            os.pwrite(self.files[i].fileno(), memoryview(data).cast("B"), at)
+        else:
+            self.sinks[i].write(data)
+
+    def pad(self, i: int, name: str) -> None:
+        if self.sinks[i] is not None:
+            n = self.plan.targets[i].header.sizes[name]
+            self.sinks[i].write(b"\0" * (-n % ALIGNMENT))
+
+    def check(self) -> None:
+        for target, sink in zip(self.plan.targets, self.sinks, strict=True):
+            if sink is not None and sink.tell() != target.size:
+                raise AssertionError(
+                    f"{target.output.name}: wrote {sink.tell()} bytes, planned {target.size}"
+                )
+
+
+def run_direct(
+    plan: DirectPlan,
+    force: bool = False,
+    progress: ProgressReporter | None = None,
+    pages: SourcePages | None = None,
+) -> list[QuantizeResult]:
+    """Read each source tensor once and write every target; one result per quantized type."""
+    bar = ensure(progress)
+    started = time.perf_counter()
+    names = ", ".join(t.file_type for t in plan.targets)
+    bar.start("quantize:bytes", f"quantize {names}", plan.source.source_bytes, "B")
+    bar.start("quantize:tensors", "tensors", len(plan.tensors), "")
+    try:
+        with ExitStack() as staged:
+            # outer: each temporary name becomes its output only if the pass completes
+            paths = [staged.enter_context(staged_file(t.output, force=force)) for t in plan.targets]
+            with ExitStack() as files:
+                outputs = _Outputs(plan, paths, files)
+                _stream(plan, outputs, bar, pages)
+    finally:
+        bar.finish("quantize:tensors")
+        bar.finish("quantize:bytes")
+    return _results(plan, time.perf_counter() - started)
+
+
+def _stream(plan: DirectPlan, outputs: _Outputs, bar: ProgressReporter, pages) -> None:
+    """The pass itself: a reader thread reads and rounds, this thread quantizes and writes."""
+    ready: queue.Queue = queue.Queue()
+    free: queue.Queue = queue.Queue()
+    for _ in range(2):  # double buffering, as convert does
+        free.put(_Scratch(CHUNK_BYTES))
+    stop = threading.Event()
+    reader = threading.Thread(
+        target=_produce, args=(plan.tensors, ready, free, stop, pages),
+        name="direct-read", daemon=True,
+    )  # fmt: skip
+    quantizer = _Quantizer(plan.threads)
+    reader.start()
+    try:
+        t: GGUFTensor | None = None
+        done, imatrix = 0, None
+        while True:
+            msg = ready.get()
+            if msg[0] == "data":
+                _, data, scratch, src_bytes = msg
+                _write_chunk(plan, outputs, quantizer, t, done, data, imatrix)
+                done += data.shape[0]
+                free.put(scratch)
+                bar.advance("quantize:bytes", src_bytes)
+            elif msg[0] == "start":
+                t, done = msg[1], 0
+                imatrix = _imatrix_for(plan, t)
+                bar.advance("quantize:tensors", 0, description=t.name)
+            elif msg[0] == "end":
+                for i in range(len(plan.targets)):
+                    outputs.pad(i, t.name)
+                bar.advance("quantize:tensors", 1, description=t.name)
+                hold("quantize")
+            elif msg[0] == "error":
+                raise msg[1]
+            else:
+                break
+        outputs.check()
+    finally:
+        stop.set()
+        free.put(_Scratch(0))
+        reader.join()
+        quantizer.close()
+
+
+def _write_chunk(plan, outputs, quantizer, t, row0, data, imatrix) -> None:
+    """Rows row0.. of tensor t, in the intermediate's type, into every output."""
+    wide = None
+    for i, target in enumerate(plan.targets):
+        type_id = target.types[t.name]
+        if type_id == int(t.qtype):
+            out = data  # llama-quantize copies a tensor whose type stays
+            at = row0 * data.strides[0]
+        else:
+            if wide is None:
+                wide = _widen(data, t.qtype)
+            out = quantizer.run(type_id, wide, imatrix)
+            at = row0 * ggml_lib.row_size(type_id, data.shape[1])
+        outputs.write(i, t.name, at, np.ascontiguousarray(out))
+
+
+def _results(plan: DirectPlan, seconds: float) -> list[QuantizeResult]:
+    v = lc.library_version()
+    version = v.describe() if v else "llama-cpp-python"
+    n_el = max(sum(int(np.prod(t.shape)) for t in plan.tensors), 1)
+    results = []
+    for target in plan.targets:
+        if target.positional:
+            continue  # the kept intermediate is not a quantize result
+        size = target.output.stat().st_size
+        data = sum(target.header.sizes.values())  # llama.cpp counts tensors without padding
+        results.append(
+            QuantizeResult(
+                input=plan.source.tensors[0].source.path.parent,
+                output=target.output,
+                file_type=target.file_type,
+                engine="direct",
+                command=target.command,
+                input_bytes=plan.source.source_bytes,
+                output_bytes=size,
+                n_elements=n_el,
+                input_bpw=plan.source.tensor_bytes * 8 / n_el,
+                bpw=data * 8 / n_el,
+                seconds=seconds,
+                tensors=target.rows,
+                fallbacks=target.fallbacks,
+                llama_cpp=version,
+            )
+        )
+    return results
+
+
+# --------------------------------------------------------------------------- from a checkpoint
+
+
+@dataclass
+class CheckpointQuantized:
+    results: list[QuantizeResult]
+    outtype: str  # the intermediate's type the values were rounded through: f16 or bf16
+    intermediate: Path | None  # the f16/bf16 GGUF, when asked for
+    notes: list[str] = field(default_factory=list)
+
+
+def quantize_checkpoint(
+    model: Path,
+    outputs: list[tuple[Path, str]],
+    outtype: str,
+    settings: QuantizeSettings,
+    imatrix: ImatrixData | None,
+    scratch_dir: Path,
+    keep_intermediate: bool = False,
+    force: bool = False,
+    progress: ProgressReporter | None = None,
+    pages: SourcePages | None = None,
+) -> CheckpointQuantized:
+    """The checkpoint's backbone, quantized to every (output, type) in one read.
+
+    ``outtype`` auto rounds through f16 unless a tensor overflows it, then through bf16,
+    as `all`'s two-pass path chooses its intermediate.
+    """
+    from .convert import open_backbone, plan_native
+    from .errors import NumericError
+    from .gguf_write import OutType, plan_tensors
+
+    backbone = open_backbone(Path(model))
+    notes: list[str] = []
+    for kind in ("f16", "bf16") if outtype == "auto" else (outtype,):
+        out_type = OutType.parse(kind)
+        tensors = plan_tensors(backbone.params, backbone.tensors, out_type, backbone.root)
+        source = plan_native(backbone, out_type, tensors)
+        kept = scratch_dir / f"backbone_{kind}.gguf" if keep_intermediate else None
+        plan = plan_direct(source, outputs, settings, imatrix, scratch_dir, kept)
+        try:
+            results = run_direct(plan, force=force, progress=progress, pages=pages)
+        except NumericError as exc:
+            if outtype != "auto" or kind == "bf16":
+                raise
+            notes.append(f"f16 would overflow ({exc.message}); rounded through bf16 instead")
+            log.warning(notes[-1])
+            pages = None  # the ranges were read once already: nothing left to drop
+            continue
+        return CheckpointQuantized(results, kind, kept, notes)
+    raise AssertionError("unreachable")

@@ -1,0 +1,171 @@
+"""The direct engine: every byte as the guide's chain writes it, from one read of the source.
+
+The reference is the two-step chain run for real: the f16 GGUF (our converter, whose parity
+with convert_hf_to_gguf.py test_convert checks) and the pinned llama-quantize binary on it.
+Checkpoints: builtin:tiny (rows of 256 and 768: every K-quant fits) and one of 320/832
+columns (no K-quant fits: llama.cpp's fallbacks).
+"""
+
+from __future__ import annotations
+
+import filecmp
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from moss_gguf_cli import llama_cpp as lc
+from moss_gguf_cli.convert import convert
+from moss_gguf_cli.errors import UsageError
+from moss_gguf_cli.quantize import QuantizeSettings, inspect_gguf, load_imatrix
+from moss_gguf_cli.quantize_direct import quantize_checkpoint
+from moss_gguf_cli.tiny import TinySpec, write_tiny
+
+TYPES = ["Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"]
+
+
+@pytest.fixture(scope="session")
+def quantize_bin(llama_tree: Path) -> Path:
+    exe = lc.find_quantize_binary(llama_tree)
+    assert exe is not None
+    return exe
+
+
+@pytest.fixture(scope="session")
+def odd_model(tmp_path_factory) -> Path:
+    """Rows of 320 and 832 columns: not divisible by 256 (832 not even by 64)."""
+    folder = tmp_path_factory.mktemp("odd") / "model"
+    folder.mkdir()
+    spec = TinySpec(hidden=320, intermediate=832, heads=5, kv_heads=1, head_dim=64, n_vq=4)
+    write_tiny(folder, spec)
+    return folder
+
+
+def chain(model: Path, exe: Path, folder: Path, types: list[str], *extra: str) -> dict[str, Path]:
+    """The guide's two steps: an f16 GGUF, then llama-quantize once per type."""
+    f16 = folder / "chain_f16.gguf"
+    if not f16.exists():
+        convert(model, f16, outtype="f16")
+    out = {}
+    for t in types:
+        out[t] = folder / f"chain_{t}.gguf"
+        done = subprocess.run(
+            [str(exe), *extra, str(f16), str(out[t]), t], capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+    return out
+
+
+def direct(model: Path, folder: Path, types: list[str], imatrix: Path | None = None, **kw):
+    data = load_imatrix(imatrix) if imatrix else None
+    outputs = [(folder / f"direct_{t}.gguf", t) for t in types]
+    s = QuantizeSettings(imatrix=imatrix, threads=kw.pop("threads", None))
+    return quantize_checkpoint(model, outputs, "auto", s, data, folder, **kw)
+
+
+@pytest.mark.parametrize("which", ["tiny", "odd"])
+def test_byte_identical_to_the_chain(which, tiny_model, odd_model, quantize_bin, tmp_path):
+    model = tiny_model if which == "tiny" else odd_model
+    refs = chain(model, quantize_bin, tmp_path, TYPES)
+    got = direct(model, tmp_path, TYPES, keep_intermediate=True)
+    assert [r.file_type for r in got.results] == TYPES
+    for r in got.results:
+        assert filecmp.cmp(r.output, refs[r.file_type], shallow=False), r.file_type
+    # the kept intermediate is the chain's f16 GGUF itself
+    assert got.intermediate == tmp_path / "backbone_f16.gguf"
+    assert filecmp.cmp(got.intermediate, tmp_path / "chain_f16.gguf", shallow=False)
+    types = {t.name: t.type for t in inspect_gguf(refs["Q4_K_M"]).tensors.values()}
+    if which == "odd":  # llama.cpp's fallbacks were taken, and reported
+        assert types["blk.0.attn_q.weight"] != "Q4_K"
+        assert got.results[0].fallbacks
+    else:
+        assert types["blk.0.attn_q.weight"] == "Q4_K" and not got.results[0].fallbacks
+        assert "Q6_K" in types.values()  # Q4_K_M's mix: some tensors get more bits
+
+
+def write_imatrix(path: Path, f16: Path) -> tuple[Path, int]:
+    """An importance matrix (llama-imatrix's GGUF format) for every 2-D weight."""
+    rng = np.random.default_rng(7)
+    w = gguf.GGUFWriter(str(path), "imatrix")
+    n = 0
+    w.add_type("imatrix")
+    w.add_array("imatrix.datasets", ["calibration.txt"])
+    w.add_uint32("imatrix.chunk_count", 9)
+    w.add_uint32("imatrix.chunk_size", 512)
+    for t in inspect_gguf(f16).tensors.values():
+        if len(t.shape) == 2 and t.name != "token_embd.weight":
+            n += 1
+            w.add_tensor(t.name + ".in_sum2", rng.uniform(1, 900, t.shape[0]).astype(np.float32))
+            w.add_tensor(t.name + ".counts", np.array([30.0], dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path, n
+
+
+def test_imatrix_types_byte_identical(tiny_model, quantize_bin, tmp_path):
+    f16 = tmp_path / "chain_f16.gguf"
+    convert(tiny_model, f16, outtype="f16")
+    imatrix, entries = write_imatrix(tmp_path / "imatrix.gguf", f16)
+    types = ["IQ4_XS", "Q4_K_M"]
+    refs = chain(tiny_model, quantize_bin, tmp_path, types, "--imatrix", str(imatrix))
+    got = direct(tiny_model, tmp_path, types, imatrix)
+    for r in got.results:
+        assert filecmp.cmp(r.output, refs[r.file_type], shallow=False), r.file_type
+    plain = direct(tiny_model, tmp_path / "plain", ["Q4_K_M"])
+    assert not filecmp.cmp(plain.results[0].output, refs["Q4_K_M"], shallow=False)
+    fields = gguf.GGUFReader(got.results[0].output).fields
+    assert fields["quantize.imatrix.entries_count"].contents() == entries
+
+
+def test_a_type_that_needs_an_imatrix_is_refused_before_work(tiny_model, tmp_path):
+    with pytest.raises(UsageError, match="IQ2_XS needs an importance matrix"):
+        direct(tiny_model, tmp_path, ["IQ2_XS"])
+    assert list(tmp_path.iterdir()) == []  # no stand-in left, nothing half-written
+
+
+def test_thread_count_does_not_change_a_byte(tiny_model, tmp_path):
+    one = direct(tiny_model, tmp_path / "one", ["Q4_K_M"], threads=1).results[0].output
+    three = direct(tiny_model, tmp_path / "three", ["Q4_K_M"], threads=3).results[0].output
+    assert filecmp.cmp(one, three, shallow=False)
+
+
+def _rchar() -> int:
+    with open("/proc/self/io") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("rchar:"))
+
+
+def test_three_types_read_the_source_once(tiny_model, tmp_path):
+    from moss_gguf_cli.convert import open_backbone
+
+    source = sum(t.nbytes for t in open_backbone(tiny_model).tensors.values())
+
+    def bytes_read(folder: Path, types: list[str]) -> int:
+        before = _rchar()
+        assert len(direct(tiny_model, folder, types).results) == len(types)
+        return _rchar() - before
+
+    one = bytes_read(tmp_path / "one", ["Q4_K_M"])
+    three = bytes_read(tmp_path / "three", ["Q4_K_M", "Q6_K", "Q8_0"])
+    assert one >= source
+    # two more types add their headers' reads (llama.cpp's dry run), no second read
+    assert three - one < source * 0.15, (one, three, source)
+    assert sorted(p.name for p in (tmp_path / "three").iterdir()) == [
+        "direct_Q4_K_M.gguf", "direct_Q6_K.gguf", "direct_Q8_0.gguf",
+    ]  # fmt: skip
+
+
+def test_all_direct_and_binary_engines_agree(tiny_model, tmp_path, llama_tree):
+    def run(engine: str) -> Path:
+        out = tmp_path / engine
+        cmd = [sys.executable, "-m", "moss_gguf_cli", "all", "--model", "builtin:tiny"]
+        cmd += ["--output", str(out), "--engine", engine, "--llama-cpp", str(llama_tree), "-q"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return out / "backbone_q4_k_m.gguf"
+
+    assert filecmp.cmp(run("direct"), run("binary"), shallow=False)
