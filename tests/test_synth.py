@@ -245,6 +245,22 @@ def test_greedy_runs_are_deterministic(config):
     assert a.waveform.size == a.profile.frames * FRAME_SAMPLES
 
 
+def test_numpy_heads_slices_are_bitwise_the_full_product(config):
+    """Upstream's backend multiplies the hidden state by the whole stacked head every
+    step; any codebook range we ask for must hold exactly those bits (greedy ties)."""
+    from moss_gguf_cli.tts.heads import AudioHeads, load_stacked
+
+    stacked = load_stacked(config.lm_head_dir, 32, 1025, np.float32)
+    heads = AudioHeads(config.lm_head_dir, 32, 1025, 1024, backend="numpy")
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        hidden = rng.standard_normal(256).astype(np.float32)
+        full = (hidden[np.newaxis, :] @ stacked.T).reshape(32, 1025)
+        full[:, 1024] = -np.inf
+        for start, stop in [(0, 32), (0, 1), (0, 7), (1, 32), (5, 17), (30, 32), (31, 32)]:
+            np.testing.assert_array_equal(heads.logits(hidden, start, stop), full[start:stop])
+
+
 def test_numpy_and_ggml_heads_agree(config):
     from moss_gguf_cli.tts.heads import AudioHeads
 

@@ -97,7 +97,7 @@ def test_f16_gguf_matches_the_reference(gguf_f16, reference):
 
 
 def test_steps_continue_the_prefill(gguf_f32, reference):
-    x = _embeds(23, seed=2)  # 22 body rows: two n_batch chunks, then the last row
+    x = _embeds(23, seed=2)  # a prompt of 20 rows: a chunk of 16, then the final 4
     ref_hidden, ref_logits = reference.forward(x)
     with Backbone(gguf_f32, EXACT) as backbone:
         backbone.prefill(x[:20])
@@ -122,19 +122,37 @@ def test_kv_cache_is_cleared_per_utterance(gguf_f32):
         assert not np.allclose(stale, first)
 
 
-def test_prefill_outputs_only_the_last_row(gguf_f32):
+def test_prefill_materialises_only_the_final_chunk(gguf_f32):
     import llama_cpp as lc
 
-    x = _embeds(10, seed=5)
-    with Backbone(gguf_f32, EXACT) as backbone:
-        # the prompt body goes in with embeddings off and no row flagged: no output at all
-        backbone._decode(x[:9], want_output=False)
+    x = _embeds(20, seed=5)
+    with Backbone(gguf_f32, EXACT) as backbone:  # n_batch 16: a chunk of 16, then one of 4
+        # a chunk before the final one goes in with embeddings off and no row flagged
+        backbone._decode(x[:16], want_output=False)
         assert not lc.llama_get_logits_ith(backbone._ctx, -1)
         assert not lc.llama_get_embeddings_ith(backbone._ctx, -1)
         backbone.reset()
         hidden, logits = backbone.prefill(x)
         assert hidden.shape == (256,) and logits.shape == (151936,)
-        assert not lc.llama_get_embeddings_ith(backbone._ctx, 1)  # one output row only
+        assert lc.llama_get_embeddings_ith(backbone._ctx, 3)  # the final chunk's 4 rows
+        assert not lc.llama_get_embeddings_ith(backbone._ctx, 4)
+
+
+@pytest.mark.parametrize("n_batch", [512, 16])
+def test_prefill_is_bitwise_upstreams_chunked_feed(gguf_f16, n_batch):
+    """Upstream's backend decodes the prompt in n_batch chunks with embeddings on (every
+    row output); the last row's hidden state and logits must be exactly its bits."""
+    x = _embeds(37, seed=6)
+    settings = BackboneSettings(n_ctx=256, n_batch=n_batch, n_threads=1)
+    with Backbone(gguf_f16, settings) as backbone:
+        for start in range(0, 37, n_batch):
+            backbone._decode(x[start : start + n_batch], want_output=True)
+        want_hidden, want_logits = (a.copy() for a in backbone._outputs())
+        backbone.reset()
+        hidden, logits = backbone.prefill(x)
+        np.testing.assert_array_equal(hidden, want_hidden)
+        np.testing.assert_array_equal(logits, want_logits)
+        assert backbone.n_past == 37
 
 
 # ---------------------------------------------------------------- bad input

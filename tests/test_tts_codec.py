@@ -176,6 +176,20 @@ def test_loudness_normalize():
     assert loudness_normalize(np.zeros(0, np.float32)).size == 0
 
 
+def test_loudness_level_is_measured_in_float32():
+    """Upstream's backend measures the level in float32; so must we, bit for bit, or
+    every sample of an unclamped gain moves by an ulp."""
+    rng = np.random.default_rng(11)
+    for _ in range(40):
+        wav = (rng.standard_normal(int(rng.integers(2000, 60000))) * 0.08).astype(np.float32)
+        ms = np.float32(np.add.reduce(wav * wav, dtype=np.float32) / np.float32(wav.size))
+        level = np.float32(20) * np.log10(np.sqrt(ms + np.float32(1e-9)))
+        gain = min(max(float(np.float32(-20.0) - level), -3.0), 3.0)
+        assert -3.0 < gain < 3.0  # the case that matters: not clamped
+        want = wav * np.float32(10.0 ** (gain / 20.0))
+        np.testing.assert_array_equal(loudness_normalize(wav), want)
+
+
 def test_read_reference_mixes_resamples_and_normalises(tmp_path):
     stereo = np.stack([_tone(500.0, 16000, 1.0), _tone(500.0, 16000, 1.0)], axis=1) * 0.3
     path = tmp_path / "ref.flac"

@@ -6,10 +6,16 @@ final-norm hidden state (`llama_get_embeddings_ith`) and the text logits of the
 GGUF's `output` head (`llama_get_logits_ith`).
 
 A context created with ``embeddings = True`` outputs *every* row of a batch
-(llama.cpp overrides the per-row output flags), which on the real model means
-155648 logits per prompt row. So the prompt is prefilled with embeddings switched
-off and no row flagged — nothing is materialised — and only its last row is
-decoded with embeddings on. Generation steps are single rows, embeddings on.
+(llama.cpp overrides the per-row output flags). The prompt is fed as upstream's
+backend feeds it, so that the hidden state and logits of its last row are
+bit-for-bit upstream's: chunks of n_batch rows from row 0, the final chunk (the
+one holding the last row) decoded with embeddings on — all its rows are output,
+and the last layer then runs on all of them, which is what fixes the bits. The
+chunks before it only fill the KV cache (embeddings off, no row flagged: nothing
+is materialised; their K/V do not depend on the output rows). Decoding the last
+row on its own instead changes its bits (other matmul kernels: K-quant repacked
+gemm vs gemv), and a near-tie in greedy decoding then flips a code.
+Generation steps are single rows, embeddings on.
 
 llama.cpp's log lines go to this module's logger at DEBUG level (shown with
 ``--verbose``); its recent error lines are kept to explain a failure.
@@ -244,10 +250,10 @@ class Backbone:
                 f"the prompt is {embeds.shape[0]} rows but n_ctx is {self.n_ctx}",
                 hint="raise n_ctx in the config, or shorten the text / reference",
             )
-        body = embeds[:-1]
-        for start in range(0, body.shape[0], self.n_batch):
-            self._decode(body[start : start + self.n_batch], want_output=False)
-        self._decode(embeds[-1:], want_output=True)
+        last = (embeds.shape[0] - 1) // self.n_batch * self.n_batch  # final chunk's start
+        for start in range(0, last, self.n_batch):
+            self._decode(embeds[start : start + self.n_batch], want_output=False)
+        self._decode(embeds[last:], want_output=True)  # every row of it is output
         return self._outputs()
 
     def step(self, embed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

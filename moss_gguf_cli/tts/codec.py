@@ -40,14 +40,20 @@ GAIN_RANGE_DB = (-3.0, 3.0)
 
 
 def loudness_normalize(wav: np.ndarray) -> np.ndarray:
-    """RMS to −20 dBFS, the gain limited to ±3 dB (as the upstream processor does)."""
+    """RMS to −20 dBFS, the gain limited to ±3 dB (as the upstream processor does).
+
+    The level is measured in float32 throughout (mean square, + 1e-9, square root,
+    20·log10), as upstream's llama.cpp backend measures it: a float64 level moves the
+    gain, and so every output sample, by an ulp whenever the gain is not clamped."""
     wav = np.asarray(wav, dtype=np.float32)
     if wav.size == 0:
         return wav
-    power = float(np.mean(np.square(wav, dtype=np.float64)))
-    current = 10.0 * math.log10(power + 1e-9)
-    gain = min(max(TARGET_DBFS - current, GAIN_RANGE_DB[0]), GAIN_RANGE_DB[1])
-    return (wav * np.float32(10.0 ** (gain / 20.0))).astype(np.float32)
+    f32 = np.float32
+    rms = np.sqrt(np.mean(np.square(wav), dtype=f32) + f32(1e-9))
+    current = f32(20.0) * np.log10(rms)
+    gain = float(f32(TARGET_DBFS) - current)
+    gain = min(max(gain, GAIN_RANGE_DB[0]), GAIN_RANGE_DB[1])
+    return (wav * f32(10.0 ** (gain / 20.0))).astype(np.float32)
 
 
 def _kernel_table(up: int, down: int, zeros: int = 16, beta: float = 8.6) -> tuple[np.ndarray, int]:

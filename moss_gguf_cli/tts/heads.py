@@ -111,9 +111,12 @@ class AudioHeads:
             flat = self._ggml(hidden)
             out = flat.reshape(self.n_vq, self.rows)[start:stop]
         else:
-            lo, hi = start * self.rows, stop * self.rows
-            np.matmul(self._stacked[lo:hi], hidden, out=self._out[lo:hi])
-            out = self._out[lo:hi].reshape(stop - start, self.rows)
+            # always the whole stack, even when fewer codebooks are sampled: BLAS splits a
+            # matrix-vector product into blocks and threads by its size, so the rows of a
+            # slice can differ in the last bit from the same rows of the full product —
+            # and the full product is what upstream's backend computes every step
+            np.matmul(self._stacked, hidden, out=self._out)
+            out = self._out.reshape(self.n_vq, self.rows)[start:stop]
         out[:, self.pad] = -np.inf
         return out
 
