@@ -169,3 +169,16 @@ def test_all_direct_and_binary_engines_agree(tiny_model, tmp_path, llama_tree):
         return out / "backbone_q4_k_m.gguf"
 
     assert filecmp.cmp(run("direct"), run("binary"), shallow=False)
+
+
+def test_bf16_rounding_byte_identical(tiny_model, quantize_bin, tmp_path):
+    """`--outtype bf16`: the values go through a bf16 intermediate, as llama-quantize reads it."""
+    bf16 = tmp_path / "chain_bf16.gguf"
+    convert(tiny_model, bf16, outtype="bf16")
+    ref = tmp_path / "ref_Q8_0.gguf"
+    done = subprocess.run([str(quantize_bin), str(bf16), str(ref), "Q8_0"], capture_output=True)
+    assert done.returncode == 0
+    outputs = [(tmp_path / "direct_Q8_0.gguf", "Q8_0")]
+    got = quantize_checkpoint(tiny_model, outputs, "bf16", QuantizeSettings(), None, tmp_path)
+    assert got.outtype == "bf16"
+    assert filecmp.cmp(got.results[0].output, ref, shallow=False)
