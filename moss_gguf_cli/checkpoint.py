@@ -18,6 +18,7 @@ from .errors import InputError, UnsupportedModelError
 from .hub import download, is_repo_id
 from .progress import ProgressReporter
 from .safetensors_io import TensorInfo, read_header, to_f32
+from .token_ids import TOKEN_DEFAULTS
 
 log = logging.getLogger(__name__)
 
@@ -34,17 +35,6 @@ TOKENIZER_FILES = (
 HUB_PATTERNS = ["*.safetensors", INDEX_NAME, "config.json", *TOKENIZER_FILES]
 BUILTIN_PREFIX = "builtin:"
 
-# defaults of docs/ARCHITECTURE.md §2, used only when the config lacks the key
-TOKEN_DEFAULTS = {
-    "pad_token_id": 151643,
-    "im_start_token_id": 151644,
-    "im_end_token_id": 151645,
-    "audio_start_token_id": 151652,
-    "audio_end_token_id": 151653,
-    "audio_user_slot_token_id": 151654,
-    "audio_assistant_gen_slot_token_id": 151656,
-    "audio_assistant_delay_slot_token_id": 151662,
-}
 # names used by some ports for the same facts
 _KEY_VARIANTS = {
     "n_vq": ("n_vq", "n_codebooks"),

@@ -23,6 +23,7 @@ import numpy as np
 
 from .errors import InputError
 from .safetensors_io import PlannedTensor, write_streaming
+from .token_ids import TOKEN_DEFAULTS
 
 BUILDER_VERSION = 3  # bump when the generated files change
 
@@ -155,14 +156,7 @@ def moss_config(spec: TinySpec) -> dict[str, Any]:
         "audio_vocab_size": spec.audio_vocab,
         "audio_pad_code": spec.audio_vocab,
         "sampling_rate": 24000,
-        "pad_token_id": 151643,
-        "im_start_token_id": 151644,
-        "im_end_token_id": 151645,
-        "audio_start_token_id": 151652,
-        "audio_end_token_id": 151653,
-        "audio_user_slot_token_id": 151654,
-        "audio_assistant_gen_slot_token_id": 151656,
-        "audio_assistant_delay_slot_token_id": 151662,
+        **TOKEN_DEFAULTS,
         "torch_dtype": "bfloat16",
         "transformers_version": "4.57.1",
     }
