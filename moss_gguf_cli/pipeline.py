@@ -172,7 +172,7 @@ def run_all(
     """Run every step that is not already complete; return what was made and how long it took."""
     from .convert import convert
     from .doctor import preflight
-    from .quantize import Engine, output_name, parse_file_type, resolve_engine
+    from .quantize import output_name, parse_engine, parse_file_type, resolve_engine
 
     bar = ensure(progress)
     if not settings.model.startswith("builtin:"):
@@ -218,7 +218,7 @@ def run_all(
     model_dir = resolve_model(settings.model, settings.revision, settings.cache_dir, bar)
     if codec is not None and settings.audio_tokenizer is None:
         default_codec(builtin=is_tiny, sampling_rate=open_checkpoint(model_dir).moss.sampling_rate)
-    engine, _ = resolve_engine(Engine(settings.engine), settings.llama_cpp)
+    engine, _ = resolve_engine(parse_engine(settings.engine), settings.llama_cpp)
     if (
         not layout_done
         and not settings.force
