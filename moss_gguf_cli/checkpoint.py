@@ -17,6 +17,7 @@ import numpy as np
 from .errors import InputError, UnsupportedModelError
 from .hub import download, is_repo_id
 from .progress import ProgressReporter
+from .qwen3_names import layer_shapes
 from .safetensors_io import TensorInfo, read_header, to_f32
 from .token_ids import TOKEN_DEFAULTS
 
@@ -384,22 +385,7 @@ def expected_shapes(moss: MossConfig) -> dict[str, tuple[int, ...]]:
     kv = moss.num_kv_heads * moss.head_dim
     f = moss.intermediate_size
     for n in range(moss.num_layers):
-        p = f"language_model.layers.{n}."
-        shapes.update(
-            {
-                p + "self_attn.q_proj.weight": (q, h),
-                p + "self_attn.k_proj.weight": (kv, h),
-                p + "self_attn.v_proj.weight": (kv, h),
-                p + "self_attn.o_proj.weight": (h, q),
-                p + "self_attn.q_norm.weight": (moss.head_dim,),
-                p + "self_attn.k_norm.weight": (moss.head_dim,),
-                p + "mlp.gate_proj.weight": (f, h),
-                p + "mlp.up_proj.weight": (f, h),
-                p + "mlp.down_proj.weight": (h, f),
-                p + "input_layernorm.weight": (h,),
-                p + "post_attention_layernorm.weight": (h,),
-            }
-        )
+        shapes.update(layer_shapes(f"language_model.layers.{n}.", h, q, kv, f, moss.head_dim))
     return shapes
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from .errors import InputError
+from .qwen3_names import layer_shapes
 from .safetensors_io import PlannedTensor, write_streaming
 from .token_ids import TOKEN_DEFAULTS
 
@@ -175,23 +176,9 @@ def tensor_shapes(spec: TinySpec) -> dict[str, tuple[int, ...]]:
     h, f, d = spec.hidden, spec.intermediate, spec.head_dim
     q, kv = spec.heads * d, spec.kv_heads * d
     shapes: dict[str, tuple[int, ...]] = {"language_model.embed_tokens.weight": (spec.vocab, h)}
-    for n in range(spec.layers):
-        p = f"language_model.layers.{n}."
-        shapes.update(
-            {
-                p + "input_layernorm.weight": (h,),
-                p + "mlp.down_proj.weight": (h, f),
-                p + "mlp.gate_proj.weight": (f, h),
-                p + "mlp.up_proj.weight": (f, h),
-                p + "post_attention_layernorm.weight": (h,),
-                p + "self_attn.k_norm.weight": (d,),
-                p + "self_attn.k_proj.weight": (kv, h),
-                p + "self_attn.o_proj.weight": (h, q),
-                p + "self_attn.q_norm.weight": (d,),
-                p + "self_attn.q_proj.weight": (q, h),
-                p + "self_attn.v_proj.weight": (kv, h),
-            }
-        )
+    for n in range(spec.layers):  # sorted by name: the order the values are drawn in
+        layer = layer_shapes(f"language_model.layers.{n}.", h, q, kv, f, d)
+        shapes.update(sorted(layer.items()))
     shapes["language_model.norm.weight"] = (h,)
     rows = spec.audio_vocab + 1
     for i in range(spec.n_vq):
