@@ -13,7 +13,7 @@ against its 15 s target and the --source time as a multiple of the quantize time
 calibrate: quantizes builtin:tiny's f16 GGUF to every llama.cpp file type that needs no
 importance matrix, and prints, per tensor type, the worst relative RMSE and cosine against
 the source (TENSOR_MAX_REL_RMSE), bits per weight per file type (bpw_range) and the --deep
-figures per file type (DEEP_THRESHOLDS), next to the limits moss_gguf_cli/verify.py uses.
+figures per file type (DEEP_THRESHOLDS), next to the limits moss_gguf_cli/verify/quality.py holds.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def calibrate(args: argparse.Namespace) -> None:
                 per_type[t.type_name].append((rel, cos, ftype, t.name))
             n_el = sum(t.n_elements for t in g.tensors.values())
             bpw = sum(t.nbytes for t in g.tensors.values()) * 8 / n_el
-            name = V._file_type_name(g)
+            name = V.file_type_name(g)
             d = V.compare_deep(out.name, name, V.llama_hidden(out, x), reference, heads,
                                ck.moss.audio_pad_code)  # fmt: skip
             rows.append({

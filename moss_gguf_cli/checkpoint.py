@@ -17,7 +17,9 @@ import numpy as np
 from .errors import InputError, UnsupportedModelError
 from .hub import download, is_repo_id
 from .progress import ProgressReporter
+from .qwen3_names import layer_shapes
 from .safetensors_io import TensorInfo, read_header, to_f32
+from .token_ids import TOKEN_DEFAULTS
 
 log = logging.getLogger(__name__)
 
@@ -34,17 +36,6 @@ TOKENIZER_FILES = (
 HUB_PATTERNS = ["*.safetensors", INDEX_NAME, "config.json", *TOKENIZER_FILES]
 BUILTIN_PREFIX = "builtin:"
 
-# defaults of docs/ARCHITECTURE.md §2, used only when the config lacks the key
-TOKEN_DEFAULTS = {
-    "pad_token_id": 151643,
-    "im_start_token_id": 151644,
-    "im_end_token_id": 151645,
-    "audio_start_token_id": 151652,
-    "audio_end_token_id": 151653,
-    "audio_user_slot_token_id": 151654,
-    "audio_assistant_gen_slot_token_id": 151656,
-    "audio_assistant_delay_slot_token_id": 151662,
-}
 # names used by some ports for the same facts
 _KEY_VARIANTS = {
     "n_vq": ("n_vq", "n_codebooks"),
@@ -394,22 +385,7 @@ def expected_shapes(moss: MossConfig) -> dict[str, tuple[int, ...]]:
     kv = moss.num_kv_heads * moss.head_dim
     f = moss.intermediate_size
     for n in range(moss.num_layers):
-        p = f"language_model.layers.{n}."
-        shapes.update(
-            {
-                p + "self_attn.q_proj.weight": (q, h),
-                p + "self_attn.k_proj.weight": (kv, h),
-                p + "self_attn.v_proj.weight": (kv, h),
-                p + "self_attn.o_proj.weight": (h, q),
-                p + "self_attn.q_norm.weight": (moss.head_dim,),
-                p + "self_attn.k_norm.weight": (moss.head_dim,),
-                p + "mlp.gate_proj.weight": (f, h),
-                p + "mlp.up_proj.weight": (f, h),
-                p + "mlp.down_proj.weight": (h, f),
-                p + "input_layernorm.weight": (h,),
-                p + "post_attention_layernorm.weight": (h,),
-            }
-        )
+        shapes.update(layer_shapes(f"language_model.layers.{n}.", h, q, kv, f, moss.head_dim))
     return shapes
 
 

@@ -30,7 +30,8 @@ from .checkpoint import (
     read_tensors,
 )
 from .errors import InputError, OutputError, ToolError, UnsupportedModelError, UsageError
-from .extract import BACKBONE_DIR, META_NAME, backbone_config, extract
+from .extract import backbone_config, extract
+from .folders import BACKBONE_DIR, META_NAME
 from .gguf_write import (
     GGUFPlan,
     GGUFTensor,

@@ -26,6 +26,7 @@ from . import __version__
 from .checkpoint import MossCheckpoint, TensorRef, open_checkpoint
 from .digests import TableFacts, remember_sha256, remember_table
 from .errors import InputError, NumericError, UsageError
+from .folders import BACKBONE_DIR, EMBEDDING_DIR, LM_HEAD_DIR, META_NAME
 from .holds import hold
 from .progress import ProgressReporter, ensure
 from .safetensors_io import PlannedTensor, write_streaming
@@ -35,10 +36,6 @@ from .staging import Staging, check_free_space
 
 log = logging.getLogger(__name__)
 
-BACKBONE_DIR = "qwen3_backbone"
-EMBEDDING_DIR = "embeddings"
-LM_HEAD_DIR = "lm_heads"
-META_NAME = "extraction_meta.json"
 DEFAULT_MAX_SHARD = 5 * 1000**3  # "5GB", as Hugging Face counts it
 NPY_DTYPES = ("float16", "float32")
 _CHUNK_ELEMS = 1 << 22  # 8 MB of bf16: big writes, small enough to stay in cache

@@ -35,6 +35,7 @@ import numpy as np
 from .errors import InputError, NumericError, UnsupportedModelError, UsageError
 from .holds import hold
 from .progress import ProgressReporter, ensure
+from .qwen3_names import layer_shapes
 from .sinks import appender
 from .source_pages import SourcePages
 
@@ -174,22 +175,7 @@ def expected_shapes(hp: Qwen3Params) -> dict[str, tuple[int, ...]]:
     h, q, kv = hp.hidden, hp.heads * hp.head_dim, hp.kv_heads * hp.head_dim
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (hp.vocab, h)}
     for n in range(hp.n_layers):
-        p = f"model.layers.{n}."
-        shapes.update(
-            {
-                p + "input_layernorm.weight": (h,),
-                p + "self_attn.q_proj.weight": (q, h),
-                p + "self_attn.q_norm.weight": (hp.head_dim,),
-                p + "self_attn.k_proj.weight": (kv, h),
-                p + "self_attn.k_norm.weight": (hp.head_dim,),
-                p + "self_attn.v_proj.weight": (kv, h),
-                p + "self_attn.o_proj.weight": (h, q),
-                p + "post_attention_layernorm.weight": (h,),
-                p + "mlp.gate_proj.weight": (hp.ff, h),
-                p + "mlp.up_proj.weight": (hp.ff, h),
-                p + "mlp.down_proj.weight": (h, hp.ff),
-            }
-        )
+        shapes.update(layer_shapes(f"model.layers.{n}.", h, q, kv, hp.ff, hp.head_dim))
     shapes["model.norm.weight"] = (h,)
     shapes["lm_head.weight"] = (hp.vocab, h)
     return shapes

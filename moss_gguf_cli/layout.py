@@ -25,16 +25,20 @@ from .audio_tokenizer import AudioTokenizer, open_folder
 from .checkpoint import TOKENIZER_FILES, read_json
 from .digests import sha256_cached
 from .errors import InputError, UsageError
-from .extract import BACKBONE_DIR, EMBEDDING_DIR, LM_HEAD_DIR, META_NAME
+from .folders import (
+    AUDIO_TOKENIZER_DIR,
+    BACKBONE_DIR,
+    CONFIG_NAME,
+    EMBEDDING_DIR,
+    LM_HEAD_DIR,
+    MANIFEST_NAME,
+    META_NAME,
+    TOKENIZER_DIR,
+)
 from .holds import hold
 from .progress import ProgressReporter, ensure
 from .staging import Staging, check_free_space
 from .synth_defaults import SYNTH_DEFAULTS
-
-CONFIG_NAME = "moss-tts.yaml"
-MANIFEST_NAME = "manifest.json"
-TOKENIZER_DIR = "tokenizer"
-AUDIO_TOKENIZER_DIR = "audio_tokenizer"
 
 
 class LayoutMode(str, Enum):
@@ -180,7 +184,7 @@ def gguf_file_type(path: Path) -> str | None:
     """The GGUF's llama.cpp file type name (e.g. MOSTLY_Q4_K_M), or None if unreadable."""
     import gguf
 
-    from .quantize import inspect_gguf  # a header reader; GGUFReader parses every token string
+    from .gguf_read import inspect_gguf  # GGUFReader would parse every token string
 
     try:
         value = inspect_gguf(path).file_type

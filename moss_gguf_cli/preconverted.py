@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputError, UnsupportedModelError, UsageError
+from .folders import EMBEDDING_DIR, LM_HEAD_DIR, TOKENIZER_DIR
 from .hub import HubFile, check_files, download, is_repo_id, list_files
 from .progress import ProgressReporter
 
-EMBEDDING_DIR, LM_HEAD_DIR, TOKENIZER_DIR = "embeddings", "lm_heads", "tokenizer"
 LAYOUT = "a Qwen3 backbone .gguf beside embeddings/, lm_heads/ and tokenizer/"
 _TABLE = re.compile(
     r"^(embeddings/(embed_tokens|emb_ext_\d\d)|lm_heads/lm_head_(text|audio_\d\d))\.npy$"
@@ -71,7 +71,7 @@ def _refuse(source: str, what: str) -> UnsupportedModelError:
 
 def classify_gguf(source: str, path: Path) -> None:
     """Refuse a GGUF that is not a plain Qwen3 backbone, naming the format it is."""
-    from .quantize import inspect_gguf
+    from .gguf_read import inspect_gguf
 
     info = inspect_gguf(path)
     names = list(info.tensors)
@@ -204,7 +204,7 @@ def _npy_shape(path: Path) -> tuple[int, ...]:
 
 def derive_meta(root: Path, repo: GgufRepo, gguf: str) -> dict:
     """extraction_meta.json for a repo that has none: facts read from its tables and GGUF."""
-    from .quantize import inspect_gguf
+    from .gguf_read import inspect_gguf
 
     classify_gguf(repo.source, root / gguf)
     ext = sorted(f for f in repo.tables if "/emb_ext_" in f)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 import queue
 import re
@@ -30,6 +29,7 @@ import numpy as np
 
 from . import llama_cpp as lc
 from .errors import InputError, OutputError, ToolError, UsageError
+from .gguf_read import GgufInfo, inspect_gguf  # the one GGUF header reader
 from .holds import hold
 from .progress import ProgressReporter, ensure
 from .staging import check_target, staged_file
@@ -71,7 +71,6 @@ APPROX_BPW = {
     "BF16": 16,
     "F32": 32,
 }
-UNQUANTIZED_TENSOR_TYPES = {"F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64"}
 
 
 def _ftype_name(constant: str) -> str | None:
@@ -154,176 +153,6 @@ def output_name(input: Path, file_type: str) -> str:
         stem = stem[: -len(".gguf")]
     stem = re.sub(r"[-_.](f16|bf16|f32|fp16|fp32|float16|float32)$", "", stem, flags=re.I)
     return f"{stem or 'model'}_{file_type.lower()}.gguf"
-
-
-# --------------------------------------------------------------------------- GGUF checks
-
-
-@dataclass(frozen=True)
-class GgufTensor:
-    name: str
-    type: str  # ggml type name, e.g. "Q4_K"
-    shape: tuple[int, ...]  # ggml order (ne0 first)
-    n_bytes: int
-
-
-@dataclass
-class GgufInfo:
-    """What the header says, and whether the file is long enough for its tensor data."""
-
-    path: Path
-    version: int
-    n_tensors: int
-    architecture: str | None
-    file_type: int | None
-    tensor_types: Counter = field(default_factory=Counter)
-    tensors: dict[str, GgufTensor] = field(default_factory=dict)
-    n_elements: int = 0
-    data_offset: int = 0
-    data_end: int = 0  # bytes the file must hold
-    size: int = 0
-
-    @property
-    def quantized_types(self) -> list[str]:
-        return sorted(t for t in self.tensor_types if t not in UNQUANTIZED_TENSOR_TYPES)
-
-
-_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q"}
-_GGUF_SCALARS[12] = "d"
-_STRING, _ARRAY = 8, 9
-
-
-class _Truncated(Exception):
-    pass
-
-
-class _Reader:
-    def __init__(self, fh, endian: str):
-        self.fh, self.e = fh, endian
-
-    def read(self, n: int) -> bytes:
-        b = self.fh.read(n)
-        if len(b) != n:
-            raise _Truncated
-        return b
-
-    def unpack(self, fmt: str) -> Any:
-        return struct.unpack(self.e + fmt, self.read(struct.calcsize(fmt)))[0]
-
-    def string(self) -> str:
-        n = self.unpack("Q")
-        if n > 1 << 30:
-            raise ValueError(f"string length {n}")
-        return self.read(n).decode("utf-8", "replace")
-
-    def skip(self, n: int) -> None:
-        if n:
-            self.fh.seek(n - 1, os.SEEK_CUR)
-            self.read(1)  # fails at end of file
-
-    def value(self, vtype: int, keep: bool) -> Any:
-        if vtype in _GGUF_SCALARS:
-            return self.unpack(_GGUF_SCALARS[vtype])
-        if vtype == _STRING:
-            return self.string()
-        if vtype == _ARRAY:
-            itype, n = self.unpack("I"), self.unpack("Q")
-            if itype in _GGUF_SCALARS:
-                self.skip(n * struct.calcsize(_GGUF_SCALARS[itype]))
-                return None
-            for _ in range(n):
-                self.value(itype, keep=False)
-            return None
-        raise ValueError(f"unknown metadata value type {vtype}")
-
-
-def inspect_gguf(path: Path) -> GgufInfo:
-    """Read a GGUF header; InputError if it is not a GGUF or is shorter than it claims."""
-    import gguf
-
-    path = Path(path)
-    if not path.exists():
-        raise InputError("input file not found", path=path, hint="check the path")
-    if not path.is_file():
-        raise InputError("input is not a file", path=path, hint="pass a .gguf file")
-    size = path.stat().st_size
-    with open(path, "rb") as fh:
-        magic = fh.read(4)
-        if magic != b"GGUF":
-            raise InputError(
-                "not a GGUF file (bad magic bytes)",
-                path=path,
-                hint="pass the f16 GGUF written by `moss-gguf convert`",
-            )
-        try:
-            raw = fh.read(4)
-            if len(raw) != 4:
-                raise _Truncated
-            version = struct.unpack("<I", raw)[0]
-            endian = "<"
-            if version & 0xFFFF == 0:  # written big-endian
-                version, endian = struct.unpack(">I", raw)[0], ">"
-            if version < 2:
-                raise InputError(
-                    f"GGUF version {version} is too old for llama.cpp",
-                    path=path,
-                    hint="convert the model again",
-                )
-            r = _Reader(fh, endian)
-            n_tensors, n_kv = r.unpack("Q"), r.unpack("Q")
-            meta: dict[str, Any] = {}
-            for _ in range(n_kv):
-                key = r.string()
-                meta[key] = r.value(r.unpack("I"), keep=True)
-            info = GgufInfo(
-                path=path,
-                version=version,
-                n_tensors=n_tensors,
-                architecture=meta.get("general.architecture"),
-                file_type=meta.get("general.file_type"),
-                size=size,
-            )
-            end = 0
-            for _ in range(n_tensors):
-                name = r.string()
-                n_dims = r.unpack("I")
-                dims = [r.unpack("Q") for _ in range(n_dims)]
-                ttype, offset = r.unpack("I"), r.unpack("Q")
-                try:
-                    qtype = gguf.GGMLQuantizationType(ttype)
-                except ValueError:
-                    raise InputError(
-                        f"tensor {name!r} has an unknown type id {ttype}",
-                        path=path,
-                        hint="update the gguf package or llama.cpp",
-                    ) from None
-                block, type_size = gguf.GGML_QUANT_SIZES[qtype]
-                n_el = math.prod(dims)
-                n_bytes = n_el // block * type_size
-                info.tensors[name] = GgufTensor(name, qtype.name, tuple(dims), n_bytes)
-                info.tensor_types[qtype.name] += 1
-                info.n_elements += n_el
-                end = max(end, offset + n_bytes)
-            align = int(meta.get("general.alignment") or 32)
-            info.data_offset = -(-fh.tell() // align) * align
-            info.data_end = info.data_offset + end
-        except _Truncated:
-            raise InputError(
-                f"truncated GGUF: the header ends early ({size} bytes)",
-                path=path,
-                hint="the file is incomplete; convert or copy it again",
-            ) from None
-        except (ValueError, UnicodeDecodeError, struct.error, OverflowError) as exc:
-            raise InputError(
-                f"damaged GGUF header ({exc})", path=path, hint="convert the model again"
-            ) from None
-    if size < info.data_end:
-        raise InputError(
-            f"truncated GGUF: {size} bytes, its tensor data needs {info.data_end}",
-            path=path,
-            hint="the file is incomplete; convert or copy it again",
-        )
-    return info
 
 
 # --------------------------------------------------------------------------- settings/results

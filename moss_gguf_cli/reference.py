@@ -26,6 +26,7 @@ import numpy as np
 
 from .errors import InputError, UsageError
 from .gguf_write import Qwen3Params, SourceTensor
+from .safetensors_io import bf16_to_f32
 
 if TYPE_CHECKING:
     import torch
@@ -51,7 +52,7 @@ def read_source_f32(src: SourceTensor) -> np.ndarray:
         raise InputError(f"tensor {src.name!r} ends early", path=src.path)
     arr = np.frombuffer(raw, dtype=dtype).reshape(src.shape)
     if src.dtype == "BF16":
-        return np.left_shift(arr, 16, dtype=np.uint32).view(np.float32)
+        return bf16_to_f32(arr)
     return arr.astype(np.float32)
 
 

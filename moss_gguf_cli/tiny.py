@@ -22,7 +22,9 @@ from typing import Any
 import numpy as np
 
 from .errors import InputError
+from .qwen3_names import layer_shapes
 from .safetensors_io import PlannedTensor, write_streaming
+from .token_ids import TOKEN_DEFAULTS
 
 BUILDER_VERSION = 3  # bump when the generated files change
 
@@ -155,14 +157,7 @@ def moss_config(spec: TinySpec) -> dict[str, Any]:
         "audio_vocab_size": spec.audio_vocab,
         "audio_pad_code": spec.audio_vocab,
         "sampling_rate": 24000,
-        "pad_token_id": 151643,
-        "im_start_token_id": 151644,
-        "im_end_token_id": 151645,
-        "audio_start_token_id": 151652,
-        "audio_end_token_id": 151653,
-        "audio_user_slot_token_id": 151654,
-        "audio_assistant_gen_slot_token_id": 151656,
-        "audio_assistant_delay_slot_token_id": 151662,
+        **TOKEN_DEFAULTS,
         "torch_dtype": "bfloat16",
         "transformers_version": "4.57.1",
     }
@@ -181,23 +176,9 @@ def tensor_shapes(spec: TinySpec) -> dict[str, tuple[int, ...]]:
     h, f, d = spec.hidden, spec.intermediate, spec.head_dim
     q, kv = spec.heads * d, spec.kv_heads * d
     shapes: dict[str, tuple[int, ...]] = {"language_model.embed_tokens.weight": (spec.vocab, h)}
-    for n in range(spec.layers):
-        p = f"language_model.layers.{n}."
-        shapes.update(
-            {
-                p + "input_layernorm.weight": (h,),
-                p + "mlp.down_proj.weight": (h, f),
-                p + "mlp.gate_proj.weight": (f, h),
-                p + "mlp.up_proj.weight": (f, h),
-                p + "post_attention_layernorm.weight": (h,),
-                p + "self_attn.k_norm.weight": (d,),
-                p + "self_attn.k_proj.weight": (kv, h),
-                p + "self_attn.o_proj.weight": (h, q),
-                p + "self_attn.q_norm.weight": (d,),
-                p + "self_attn.q_proj.weight": (q, h),
-                p + "self_attn.v_proj.weight": (kv, h),
-            }
-        )
+    for n in range(spec.layers):  # sorted by name: the order the values are drawn in
+        layer = layer_shapes(f"language_model.layers.{n}.", h, q, kv, f, d)
+        shapes.update(sorted(layer.items()))
     shapes["language_model.norm.weight"] = (h,)
     rows = spec.audio_vocab + 1
     for i in range(spec.n_vq):

@@ -77,6 +77,26 @@ def test_rerun_of_a_finished_run_only_verifies(finished) -> None:
     assert statuses(proc.stdout) == {**dict.fromkeys(STEPS[:-1], "skipped"), "verify": "done"}
 
 
+def test_all_fails_when_verify_cannot_run(finished, monkeypatch) -> None:
+    """verify that cannot even be imported fails `all`; it is never marked done unrun."""
+    from moss_gguf_cli.pipeline import AllSettings, run_all
+
+    out, _ = finished
+    monkeypatch.setitem(sys.modules, "moss_gguf_cli.verify", None)  # import raises
+    with pytest.raises(ImportError):
+        run_all(AllSettings(model="builtin:tiny", output=out))
+
+
+def test_unknown_engine_on_a_finished_folder_is_a_one_line_error(finished) -> None:
+    from moss_gguf_cli.errors import UsageError
+    from moss_gguf_cli.pipeline import AllSettings, run_all
+
+    out, _ = finished
+    with pytest.raises(UsageError, match="unknown engine 'bogus'") as err:
+        run_all(AllSettings(model="builtin:tiny", output=out, engine="bogus"))
+    assert "choose auto, binary or library" in err.value.one_line()
+
+
 def test_keep_intermediate_and_several_quants(tmp_path: Path) -> None:
     out = tmp_path / "w"
     proc = run_all_cli(out, "--quant", "Q8_0", "--quant", "q6_k", "--keep-intermediate", "-q")

@@ -18,6 +18,7 @@ from moss_gguf_cli.sinks import (
     DirectSink,
     FileSink,
     WriteBehindSink,
+    appender,
     preallocate,
 )
 
@@ -57,9 +58,9 @@ def test_sink_writes_exactly_the_bytes(kind: str, tmp_path: Path) -> None:
         assert preallocate(out, size, path)
         if kind == "direct":
             sink = DirectSink.open(path, out, len(HEADER))
-            if sink is None:  # only where the file system refuses O_DIRECT
-                assert _direct_refused(path)
-                return
+            if sink is None:  # only where the file system refuses O_DIRECT: what appender
+                assert _direct_refused(path)  # falls back to, tested the same way
+                sink = FileSink(out)
         elif kind == "behind":
             sink = WriteBehindSink.open(out, len(HEADER))
             assert sink is not None  # Linux has sync_file_range
@@ -75,6 +76,31 @@ def test_sink_writes_exactly_the_bytes(kind: str, tmp_path: Path) -> None:
     assert len(data) == size
     assert data[: len(HEADER)] == HEADER
     assert data[len(HEADER) :] == b"".join(c.tobytes() for c in chunks)
+
+
+def test_refused_o_direct_falls_back_to_plain_writes(tmp_path: Path, monkeypatch) -> None:
+    """A file system that refuses O_DIRECT (EINVAL, as tmpfs does) still gets every byte."""
+    real_open = os.open
+
+    def refuse(path, flags, *args):
+        if flags & getattr(os, "O_DIRECT", 0):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", refuse)
+    path = tmp_path / "out.bin"
+    chunks = _chunks(DIRECT_BYTES * 2 + 555)
+    size = len(HEADER) + sum(c.nbytes for c in chunks)
+    with open(path, "wb+") as out:
+        out.write(HEADER)
+        out.flush()
+        assert DirectSink.open(path, out, len(HEADER)) is None
+        with appender(out, path, len(HEADER), size, min_direct=0) as sink:
+            assert isinstance(sink, FileSink)
+            for c in chunks:
+                sink.write(c)
+    data = path.read_bytes()
+    assert data == HEADER + b"".join(c.tobytes() for c in chunks)
 
 
 def _resident_fraction(path: Path) -> float:

@@ -22,8 +22,12 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from ..report import FAIL, PASS, WARN
+
 stdout = Console(soft_wrap=True)
 stderr = Console(stderr=True, soft_wrap=True)
+# how verify and doctor show a row's status
+STATUS_STYLE = {PASS: "green", WARN: "yellow", FAIL: "bold red"}
 
 
 @dataclass

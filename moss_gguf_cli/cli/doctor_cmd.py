@@ -13,6 +13,7 @@ from rich.table import Table
 from ..doctor import FAIL, PASS, WARN, DoctorReport, doctor
 from ._command import command
 from ._options import LlamaCppDir, Quiet, Verbose
+from ._output import STATUS_STYLE as STYLE
 from ._output import OutputMode, progress_for, setup_logging, stdout
 
 EXAMPLES = """
@@ -31,7 +32,6 @@ reported, not fatal) and is remembered per installed llama.cpp build; `all`,
 `quantize` and `synth` reuse it before they start. Exit status: 0 unless a check
 fails (1).
 """
-STYLE = {PASS: "green", WARN: "yellow", FAIL: "bold red"}
 
 
 @command(

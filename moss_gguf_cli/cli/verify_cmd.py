@@ -12,6 +12,7 @@ from rich.table import Table
 from ..verify import FAIL, PASS, WARN, VerifyReport, verify
 from ._command import command
 from ._options import Quiet, Verbose
+from ._output import STATUS_STYLE as STYLE
 from ._output import OutputMode, progress_for, setup_logging, stdout
 
 EXAMPLES = """
@@ -29,7 +30,6 @@ EXAMPLES = """
 
 Exit status: 0 when no check fails, 1 when one does, 2 for bad usage.
 """
-STYLE = {PASS: "green", WARN: "yellow", FAIL: "bold red"}
 
 
 @command(

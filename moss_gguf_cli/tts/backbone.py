@@ -31,21 +31,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from ..errors import InputError, ToolError, UsageError
 
 log = logging.getLogger(__name__)
 
+# llama.cpp's KV cache types by name → ggml type id (cparams.type_k / type_v)
 KV_TYPES = {
-    "f32": 0,
-    "f16": 1,
-    "q4_0": 2,
-    "q4_1": 3,
-    "q5_0": 6,
-    "q5_1": 7,
-    "q8_0": 8,
-    "iq4_nl": 20,
-    "bf16": 30,
+    name: int(GGMLQuantizationType[name.upper()])
+    for name in ("f32", "f16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "bf16")
 }
 FLASH_ATTN_TYPES = {"auto": -1, "disabled": 0, "enabled": 1}
 

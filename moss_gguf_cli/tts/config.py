@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import TOKEN_DEFAULTS
 from ..errors import InputError, UnsupportedModelError, UsageError
 from ..synth_defaults import SYNTH_DEFAULTS as D
+from ..token_ids import TOKEN_DEFAULTS
 
 log = logging.getLogger(__name__)
 
