@@ -104,6 +104,7 @@ def main() -> None:
     env_py = {**os.environ, "PYTHONPATH": str(tree / "gguf-py")}
 
     all_cmd = [[moss, "all", "--model", str(model), "--output", str(out_all), "-q",
+                "--audio-tokenizer", "none",
                 "--engine", args.engine, *[a for t in quants for a in ("--quant", t)]]]
     quantize_cmds = [[quantize_bin, str(f16), str(q), t] for t in quants]
     guide_cmds = [
