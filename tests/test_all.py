@@ -94,7 +94,7 @@ def test_unknown_engine_on_a_finished_folder_is_a_one_line_error(finished) -> No
     out, _ = finished
     with pytest.raises(UsageError, match="unknown engine 'bogus'") as err:
         run_all(AllSettings(model="builtin:tiny", output=out, engine="bogus"))
-    assert "choose auto, binary or library" in err.value.one_line()
+    assert "choose auto, direct, binary, library" in err.value.one_line()
 
 
 def test_keep_intermediate_and_several_quants(tmp_path: Path) -> None:
