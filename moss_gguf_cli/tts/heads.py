@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import ggml_lib
 from ..errors import InputError
 from .embeddings import open_table
 
@@ -129,67 +130,15 @@ class AudioHeads:
 # ---------------------------------------------------------------- ggml via ctypes
 
 
-class _GgmlUnavailable(Exception):
-    pass
-
-
-class _InitParams(ctypes.Structure):
-    _fields_ = [
-        ("mem_size", ctypes.c_size_t),
-        ("mem_buffer", ctypes.c_void_p),
-        ("no_alloc", ctypes.c_bool),
-    ]
-
-
+_GgmlUnavailable = ggml_lib.GgmlUnavailable
+_InitParams = ggml_lib.InitParams
 _GGML_TYPE_F32 = 0
 _GGML_TYPE_F16 = 1
-_libs: tuple[ctypes.CDLL, ctypes.CDLL] | None = None
 
 
-def _load_ggml() -> tuple[ctypes.CDLL, ctypes.CDLL]:
-    global _libs
-    if _libs is not None:
-        return _libs
-    try:
-        import llama_cpp  # noqa: F401 - loads libggml the way llama-cpp-python does
-    except Exception as exc:  # noqa: BLE001 - any import failure means: not available
-        raise _GgmlUnavailable(f"llama_cpp does not import: {exc}") from exc
-    libdir = Path(llama_cpp.__file__).parent / "lib"
-    try:
-        base = ctypes.CDLL(str(libdir / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
-        cpu = ctypes.CDLL(str(libdir / "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
-        vp = ctypes.c_void_p
-        base.ggml_init.argtypes = [_InitParams]
-        base.ggml_init.restype = vp
-        base.ggml_free.argtypes = [vp]
-        base.ggml_free.restype = None
-        base.ggml_reset.argtypes = [vp]
-        base.ggml_reset.restype = None
-        base.ggml_new_tensor_2d.argtypes = [vp, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-        base.ggml_new_tensor_2d.restype = vp
-        base.ggml_mul_mat.argtypes = [vp, vp, vp]
-        base.ggml_mul_mat.restype = vp
-        base.ggml_new_graph.argtypes = [vp]
-        base.ggml_new_graph.restype = vp
-        base.ggml_build_forward_expand.argtypes = [vp, vp]
-        base.ggml_build_forward_expand.restype = None
-        base.ggml_get_data.argtypes = [vp]
-        base.ggml_get_data.restype = vp
-        base.ggml_graph_overhead.argtypes = []
-        base.ggml_graph_overhead.restype = ctypes.c_size_t
-        base.ggml_tensor_overhead.argtypes = []
-        base.ggml_tensor_overhead.restype = ctypes.c_size_t
-        cpu.ggml_cpu_init.argtypes = []
-        cpu.ggml_cpu_init.restype = None
-        cpu.ggml_cpu_has_f16c.argtypes = []
-        cpu.ggml_cpu_has_f16c.restype = ctypes.c_int
-        cpu.ggml_graph_compute_with_ctx.argtypes = [vp, vp, ctypes.c_int]
-        cpu.ggml_graph_compute_with_ctx.restype = ctypes.c_int
-    except (OSError, AttributeError) as exc:
-        raise _GgmlUnavailable(f"libggml not usable in {libdir}: {exc}") from exc
-    cpu.ggml_cpu_init()
-    _libs = (base, cpu)
-    return _libs
+def _load_ggml():
+    g = ggml_lib.load()
+    return g.base, g.cpu
 
 
 class _GgmlMatVec:
