@@ -2,34 +2,47 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import statistics
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from moss_gguf_cli.tiny import TinySpec, write_tiny
+from moss_gguf_cli.tiny import TinySpec, tensor_shapes, write_tiny
 
-# MOSS-TTS dims with 2 of its 36 layers: every table and head at full size (≈ 3.9 GB bf16)
+# MOSS-TTS's real dims; the benchmarks default to 2 of its 36 layers (every table and head at
+# full size, ≈ 3.9 GB bf16); --layers 36 gives the whole model's shape (≈ 17 GB in 4 shards)
 REAL_DIMS = TinySpec(hidden=4096, intermediate=12288, layers=2, heads=32, kv_heads=8, head_dim=128,
                      vocab=155648, n_vq=32, audio_vocab=1024, shards=2)
 DEFAULT_DIR = Path(os.environ.get("MOSS_GGUF_BENCH_DIR", "/tmp/moss-gguf-bench"))
 
 
-def real_dims_checkpoint(root: Path = DEFAULT_DIR) -> Path:
-    """Write the real-dims checkpoint once; later runs reuse it."""
-    dest = root / "moss-tts-2layer"
+def real_dims_spec(layers: int = 2) -> TinySpec:
+    return replace(REAL_DIMS, layers=layers, shards=2 if layers <= 2 else 4)
+
+
+def checkpoint_bytes(spec: TinySpec) -> int:
+    return sum(2 * math.prod(shape) for shape in tensor_shapes(spec).values())
+
+
+def real_dims_checkpoint(root: Path = DEFAULT_DIR, layers: int = 2) -> Path:
+    """Write the real-dims checkpoint once (tensor by tensor); later runs reuse it."""
+    dest = root / f"moss-tts-{layers}layer"
     if (dest / "config.json").is_file():
         return dest
+    spec = real_dims_spec(layers)
+    need = checkpoint_bytes(spec) * 3.2  # itself, and what all.py writes beside it at its peak
     free = shutil.disk_usage(root.parent if not root.exists() else root).free
-    if free < 20e9:
-        raise SystemExit(f"need ~20 GB free under {root} for the benchmarks, have {free / 1e9:.1f}")
-    tmp = root / ".moss-tts-2layer.partial"
+    if free < need:
+        raise SystemExit(f"need ~{need / 1e9:.0f} GB free under {root} for the {layers}-layer "
+                         f"benchmarks, have {free / 1e9:.1f}")
+    tmp = root / f".moss-tts-{layers}layer.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    write_tiny(tmp, REAL_DIMS)
+    write_tiny(tmp, spec)
     tmp.rename(dest)
     return dest
 

@@ -1,7 +1,7 @@
 """`moss-gguf all` vs the guide's three steps vs the floor, alternated, medians and ratios.
 
     LLAMA_CPP_DIR=... python benchmarks/all.py [--rounds 3] [--quant Q4_K_M ...]
-        [--engine direct]
+        [--engine direct] [--layers 36] [--no-guide]
 
 - all:   moss-gguf all --model CKPT --output OUT --quant Q4_K_M [--quant ...]
 - guide: step 1 extract (moss-gguf extract: the guide's layout), step 2 llama.cpp's
@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-from _common import DEFAULT_DIR, real_dims_checkpoint, remove
+from _common import DEFAULT_DIR, du, real_dims_checkpoint, remove
 
 
 class DiskPeak:
@@ -75,15 +75,23 @@ def cache(folder: Path) -> None:
                 pass
 
 
-def timed(name: str, cmds: list[list[str]], root: Path, model: Path) -> dict:
+def timed(name: str, steps: list[list[str] | Path], root: Path, model: Path) -> dict:
+    """Run the steps in turn (a command, or a Path to delete); one timing for all of them."""
     cache(model)
     os.sync()
     start = time.perf_counter()
+    rss = 0.0
     with DiskPeak(root) as disk:
-        rss = max(run(c) for c in cmds)
+        for step in steps:
+            if isinstance(step, Path):
+                remove(step)
+            else:
+                rss = max(rss, run(step))
         os.sync()
-    return {"name": name, "wall": time.perf_counter() - start, "rss_mb": rss,
-            "disk_peak_gb": disk.peak / 1e9}
+    result = {"name": name, "wall": time.perf_counter() - start, "rss_mb": rss,
+              "disk_peak_gb": disk.peak / 1e9}
+    print(json.dumps(result), file=sys.stderr, flush=True)
+    return result
 
 
 def main() -> None:
@@ -91,13 +99,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quant", action="append", help="repeatable; default Q4_K_M")
     parser.add_argument("--engine", default="auto", help="all's --engine")
+    parser.add_argument("--layers", type=int, default=2, help="2 (default) or 36: the real model")
+    parser.add_argument("--no-guide", action="store_true",
+                        help="skip timing the guide's chain (its f16 GGUF is made untimed)")
     args = parser.parse_args()
     quants = args.quant or ["Q4_K_M"]
     tree = Path(os.environ.get("LLAMA_CPP_DIR") or sys.exit("set LLAMA_CPP_DIR (see README)"))
     quantize_bin = str(tree / "build/bin/llama-quantize")
     converter = str(tree / "convert_hf_to_gguf.py")
     moss = shutil.which("moss-gguf") or sys.exit("moss-gguf is not installed")
-    model = real_dims_checkpoint()
+    model = real_dims_checkpoint(layers=args.layers)
     root = DEFAULT_DIR
     out_all, ex, f16, q = root / "b-all", root / "b-ex", root / "b-f16.gguf", root / "b-q.gguf"
     cp_out = root / "b-cp"
@@ -106,21 +117,28 @@ def main() -> None:
     all_cmd = [[moss, "all", "--model", str(model), "--output", str(out_all), "-q",
                 "--audio-tokenizer", "none",
                 "--engine", args.engine, *[a for t in quants for a in ("--quant", t)]]]
-    quantize_cmds = [[quantize_bin, str(f16), str(q), t] for t in quants]
-    guide_cmds = [
+    quantize_cmds: list[list[str] | Path] = []
+    for t in quants:
+        quantize_cmds += [q, [quantize_bin, str(f16), str(q), t]]
+    make_f16: list[list[str] | Path] = [
         [moss, "extract", "--model", str(model), "--output", str(ex), "-q"],
         [sys.executable, converter, str(ex / "qwen3_backbone"), "--outfile", str(f16),
          "--outtype", "f16"],
-        *quantize_cmds,
+        ex / "qwen3_backbone",
     ]
+    guide_cmds = make_f16 + quantize_cmds
     runs = []
     for _ in range(args.rounds):
         for p in (out_all, ex, f16, q, cp_out):
             remove(p)
         runs.append(timed("all", all_cmd, root, model))
+        runs[-1]["outputs_gb"] = du(out_all) / 1e9
         remove(out_all)
         os.environ["PYTHONPATH"] = env_py["PYTHONPATH"]  # the tree's own gguf-py
-        runs.append(timed("guide", guide_cmds, root, model))
+        if args.no_guide:
+            timed("make f16 (untimed)", make_f16, root, model)
+        else:
+            runs.append(timed("guide", guide_cmds, root, model))
         os.environ.pop("PYTHONPATH")
         remove(q)
         remove(ex)
@@ -131,20 +149,23 @@ def main() -> None:
             remove(p)
     for p in (out_all, ex, f16, q, cp_out):
         remove(p)
-    table = {"quants": quants, "engine": args.engine}
-    for name in ("all", "guide", "quantize", "cp"):
+    table = {"quants": quants, "engine": args.engine, "layers": args.layers}
+    for name in ("all", "quantize", "cp") if args.no_guide else ("all", "guide", "quantize", "cp"):
         mine = [r for r in runs if r["name"] == name]
         table[name] = {"wall_median_s": round(statistics.median(r["wall"] for r in mine), 2),
                        "walls": [round(r["wall"], 2) for r in mine],
                        "peak_rss_mb": round(max(r["rss_mb"] for r in mine)),
                        "peak_extra_disk_gb": round(max(r["disk_peak_gb"] for r in mine), 2)}
+        if name == "all":
+            table[name]["outputs_gb"] = round(mine[0]["outputs_gb"], 2)
     floor = table["quantize"]["wall_median_s"] + table["cp"]["wall_median_s"]
     table["floor_s"] = round(floor, 2)
     table["all_over_floor"] = round(table["all"]["wall_median_s"] / floor, 3)
     table["all_over_quantize_alone"] = round(table["all"]["wall_median_s"]
                                              / table["quantize"]["wall_median_s"], 3)
-    table["all_over_guide"] = round(table["all"]["wall_median_s"]
-                                    / table["guide"]["wall_median_s"], 3)
+    if not args.no_guide:
+        table["all_over_guide"] = round(table["all"]["wall_median_s"]
+                                        / table["guide"]["wall_median_s"], 3)
     print(json.dumps(table, indent=2))
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from .errors import InputError
 from .qwen3_names import layer_shapes
-from .safetensors_io import PlannedTensor, write_streaming
+from .safetensors_io import PlannedTensor, build_header
 from .token_ids import TOKEN_DEFAULTS
 
 BUILDER_VERSION = 3  # bump when the generated files change
@@ -192,7 +192,7 @@ def tensor_shapes(spec: TinySpec) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _values(rng: np.random.Generator, name: str, shape: tuple[int, ...], hidden: int) -> np.ndarray:
+def _values(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> np.ndarray:
     if len(shape) == 1:  # norm weights sit around 1, as trained ones do
         return 1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)
     if "embed" in name or "emb_ext" in name:
@@ -200,16 +200,25 @@ def _values(rng: np.random.Generator, name: str, shape: tuple[int, ...], hidden:
     return rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[1], dtype=np.float32)
 
 
-def write_tiny(dest: Path, spec: TinySpec) -> None:
-    rng = np.random.default_rng(20260202)
-    shapes = tensor_shapes(spec)
-    planned = []
-    for name, shape in shapes.items():
-        values = _values(rng, name, shape, spec.hidden)
-        if name == spec.f16_overflow:
+def _chunks(rng: np.random.Generator, name: str, shape: tuple[int, ...], overflow: bool):
+    """The tensor's bf16 bytes in row blocks: a real-size table never sits in memory whole.
+
+    Drawing block by block takes the same values from the generator as one draw would."""
+    rows = shape[0] if len(shape) > 1 else 1
+    step = max(1, (1 << 24) // max(1, int(np.prod(shape)) // rows))
+    for start in range(0, rows, step):
+        block = shape if len(shape) == 1 else (min(step, rows - start), *shape[1:])
+        values = _values(rng, name, block)
+        if overflow and start == 0:
             values[0, 0] = 1.0e5  # finite in bf16, infinite in float16
-        bits = _bf16(values)
-        planned.append(PlannedTensor(name, "BF16", shape, bits.nbytes, array=bits))
+        yield _bf16(values).tobytes()
+
+
+def write_tiny(dest: Path, spec: TinySpec) -> None:
+    """Write the checkpoint tensor by tensor (a 36-layer real-dims one needs no more memory)."""
+    rng = np.random.default_rng(20260202)
+    planned = [PlannedTensor(name, "BF16", shape, 2 * int(np.prod(shape)))
+               for name, shape in tensor_shapes(spec).items()]
     total = sum(t.nbytes for t in planned)
     groups: list[list[PlannedTensor]] = [[] for _ in range(spec.shards)]
     budget = total / spec.shards
@@ -218,14 +227,17 @@ def write_tiny(dest: Path, spec: TinySpec) -> None:
         groups[min(int(acc // budget), spec.shards - 1)].append(t)
         acc += t.nbytes
     groups = [g for g in groups if g]
-    if len(groups) == 1:
-        write_streaming(dest / "model.safetensors", groups[0], {"format": "pt"})
-    else:
-        weight_map = {}
-        for i, group in enumerate(groups, 1):
-            fname = f"model-{i:05d}-of-{len(groups):05d}.safetensors"
-            write_streaming(dest / fname, group, {"format": "pt"})
-            weight_map.update({t.name: fname for t in group})
+    names = (["model.safetensors"] if len(groups) == 1 else
+             [f"model-{i:05d}-of-{len(groups):05d}.safetensors" for i in range(1, len(groups) + 1)])
+    for fname, group in zip(names, groups, strict=True):
+        with open(dest / fname, "wb") as out:
+            out.write(build_header(group, {"format": "pt"}))
+            for t in group:
+                for block in _chunks(rng, t.name, t.shape, t.name == spec.f16_overflow):
+                    out.write(block)
+    if len(groups) > 1:
+        weight_map = {t.name: fname
+                      for fname, group in zip(names, groups, strict=True) for t in group}
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (dest / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     (dest / "config.json").write_text(json.dumps(moss_config(spec), indent=2) + "\n")
