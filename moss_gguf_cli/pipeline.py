@@ -5,81 +5,59 @@ writes atomically, so a step's output either exists complete or not at all; a
 rerun skips every step whose output exists and passes a quick check, and redoes
 the rest. The backbone is converted straight from the source shards, so no
 intermediate safetensors copy is written unless asked for.
+
+`run_all` reads top to bottom: resolve the settings (checks and pre-flight, in the
+order that fails fastest), run the steps of `pipeline_steps` in order, finish (the work
+folder removed or kept). Pre-converted weights take `run_preconverted` instead.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from .audio_tokenizer import AudioTokenizer
 from .audio_tokenizer import default_source as default_codec
 from .audio_tokenizer import resolve as resolve_codec
 from .checkpoint import open_checkpoint, resolve_model
 from .digests import remember_sha256
-from .errors import InputError, MossGgufError, NumericError, OutputError, ToolError, UsageError
-from .extract import EMBEDDING_DIR, LM_HEAD_DIR, META_NAME, extract, npy_jobs
-from .holds import hold
-from .layout import (
-    MANIFEST_NAME,
-    LayoutMode,
-    Placement,
-    arrange,
-    audio_tokenizer_files,
-    expected_tables,
-    layout,
-    read_meta,
-)
+from .errors import InputError, OutputError, ToolError, UsageError
+from .extract import npy_jobs
+from .folders import CONFIG_NAME, MANIFEST_NAME, META_NAME
+from .layout import Placement, arrange, audio_tokenizer_files
 from .llama_cpp import LIBRARY_HINT
+from .pipeline_steps import (
+    STEPS,
+    AllSettings,
+    ConvertStep,
+    ExtractStep,
+    LayoutStep,
+    QuantizeStep,
+    RunContext,
+    StepResult,
+    VerifyStep,
+    source_pages,
+    verify_folder,
+)
 from .preconverted import GgufRepo, choose, derive_meta, fetch, recognise, write_meta
 from .progress import ProgressReporter, ensure
 from .quantize import APPROX_BPW
-from .source_pages import SourcePages
-from .staging import human_bytes, remove_stale_partials
+from .staging import human_bytes
 
 log = logging.getLogger(__name__)
 
-STEPS = ("extract", "convert", "quantize", "layout", "verify")
-# the tiny demo model never learnt to stop: keep its synth runs short
-# the random tiny model: short runs, every core (its steps are too small for a fixed pool)
-_DEMO_SYNTH = {"max_new_tokens": 120, "n_threads": 0}
-
-
-@dataclass
-class AllSettings:
-    model: str
-    output: Path
-    quants: list[str] = field(default_factory=lambda: ["Q4_K_M"])
-    outtype: str = "auto"  # f16, bf16, or auto: f16 unless a tensor overflows it
-    engine: str = "auto"  # direct (one read, no intermediate), binary, library, or auto
-    imatrix: Path | None = None
-    llama_cpp: Path | None = None
-    keep_intermediate: bool = False
-    force: bool = False
-    revision: str | None = None
-    cache_dir: Path | None = None
-    audio_tokenizer: str | Path | None = None  # None: the model's own; "none": no codec
-    audio_tokenizer_revision: str | None = None
-    threads: int | None = None
-    synth: dict[str, Any] = field(default_factory=dict)  # moss-tts.yaml keys to override
-
-
-@dataclass
-class StepResult:
-    name: str
-    status: str  # "done" or "skipped"
-    seconds: float = 0.0
-    detail: str = ""
+__all__ = [
+    "ENGINES", "STEPS", "AllResult", "AllSettings", "StepResult",
+    "choose_engine", "plan_bytes", "run_all", "run_preconverted", "work_dir",
+]  # fmt: skip
 
 
 @dataclass
@@ -118,46 +96,8 @@ def plan_bytes(model_dir: Path, settings: AllSettings, direct: bool = False) -> 
     return int(tables + intermediate + quantized + kept) + (64 << 20)
 
 
-def _extract_complete(folder: Path) -> bool:
-    """The extract output is there with every table readable and of the right size."""
-    try:
-        meta = read_meta(folder)
-    except MossGgufError:
-        return False
-    emb, heads = expected_tables(meta["n_vq"])
-    for sub, names in ((EMBEDDING_DIR, emb), (LM_HEAD_DIR, heads)):
-        for name in names:
-            path = folder / sub / name
-            try:
-                arr = np.load(path, mmap_mode="r")
-            except (OSError, ValueError):
-                return False
-            del arr  # np.load refuses a file shorter than its header says
-    return (folder / "qwen3_backbone" / "tokenizer.json").is_file()
-
-
-def _gguf_complete(path: Path, file_type: str | None = None) -> bool:
-    from .quantize import inspect_gguf
-
-    if not path.is_file():
-        return False
-    try:
-        info = inspect_gguf(path)
-    except MossGgufError:
-        return False
-    if info.size < info.data_end:
-        return False
-    if file_type is not None:
-        from .quantize import file_types
-
-        return info.file_type == file_types().get(file_type)
-    return True
-
-
 def _layout_complete(output: Path, gguf_names: list[str]) -> bool:
     """A finished weights folder of exactly these GGUFs (sizes as its manifest says)."""
-    import json
-
     manifest = output / MANIFEST_NAME
     if not manifest.is_file():
         return False
@@ -197,288 +137,81 @@ def run_all(
     on_step: Callable[[str, int], None] | None = None,
 ) -> AllResult:
     """Run every step that is not already complete; return what was made and how long it took."""
-    from .convert import convert
-    from .doctor import preflight
-    from .quantize import output_name, parse_file_type
-
     bar = ensure(progress)
     if not settings.model.startswith("builtin:"):
         repo = recognise(settings.model, settings.revision, settings.cache_dir)
         if repo is not None:
             return run_preconverted(settings, repo, bar)
+    ctx = _resolve(settings, bar, on_step)
+    _run_steps(ctx)
+    return _finish(ctx)
+
+
+# --------------------------------------------------------------------------- before the steps
+
+
+def _resolve(
+    settings: AllSettings, bar: ProgressReporter, on_step: Callable[[str, int], None] | None
+) -> RunContext:
+    """Everything before the first step: the settings checked, doctor's pre-flight, the codec
+    and the model found, the engine chosen, the output and the disk checked, the work folder
+    made. Up front, so that a run that cannot finish stops before its long work."""
+    from .quantize import output_name
+
     output = Path(settings.output)
+    quants = _check_settings(settings)
+    work = work_dir(output)
+    if settings.force:
+        shutil.rmtree(work, ignore_errors=True)
+    is_tiny = settings.model.startswith("builtin:")
+    ggufs = [work / output_name(Path("backbone_f16.gguf"), q) for q in quants]
+    layout_done = not settings.force and _layout_complete(output, [g.name for g in ggufs])
+    codec = None
+    if not layout_done:
+        _preflight_tools(settings)
+        codec = _find_codec(settings, is_tiny, bar)
+    model_dir = resolve_model(settings.model, settings.revision, settings.cache_dir, bar)
+    if codec is not None and settings.audio_tokenizer is None:
+        # the model's own codec: refuses a model that speaks at another sampling rate
+        default_codec(builtin=is_tiny, sampling_rate=open_checkpoint(model_dir).moss.sampling_rate)
+    engine = choose_engine(settings.engine, settings.llama_cpp)
+    if not layout_done:
+        if not settings.force:
+            _refuse_other_output(output, "these quant types")
+        if not work.exists():  # a resumed run has counted its disk already
+            _preflight_disk(model_dir, settings, output, direct=engine == "direct")
+        work.mkdir(parents=True, exist_ok=True)
+    return RunContext(
+        settings, bar, on_step, output, work, quants, ggufs, model_dir, codec, engine, layout_done
+    )
+
+
+def _check_settings(settings: AllSettings) -> list[str]:
+    """What a run refuses before it looks at anything; the canonical quant type names."""
+    from .quantize import parse_file_type
+
     quants = [parse_file_type(q) for q in settings.quants] or ["Q4_K_M"]
     if settings.outtype not in ("auto", "f16", "bf16"):
         raise UsageError(f"unknown --outtype {settings.outtype!r}", hint="use auto, f16 or bf16")
     _known_engine(settings.engine)
     if settings.imatrix is not None and not Path(settings.imatrix).is_file():
         raise InputError("importance matrix file not found", path=settings.imatrix)
-    work = work_dir(output)
-    if settings.force:
-        shutil.rmtree(work, ignore_errors=True)
-    is_tiny = settings.model.startswith("builtin:")
-    extracted = work / "extracted"
-    ggufs = [work / output_name(Path("backbone_f16.gguf"), q) for q in quants]
-    names = [g.name for g in ggufs]
+    return quants
 
-    # up front: where the model is, which engine quantizes, and whether the disk holds it all
-    layout_done = not settings.force and _layout_complete(output, names)
-    if not layout_done:
-        # doctor's pre-flight before any download: an engine, and a llama.cpp that runs here
-        # (its probe is cached per installed build); the disk follows with the plan's count
-        preflight(
-            needs_quantize=True,
-            needs_runtime=True,
-            output=None,
-            needed_bytes=None,
-            llama_cpp=settings.llama_cpp,
-            engine=_preflight_engine(settings.engine),
-        )
-    # the codec before the model: a missing one fails in seconds, not after the conversion.
-    # A local folder is looked at first: refusing a look-alike model needs no codec.
-    if not layout_done and not is_tiny and Path(settings.model).expanduser().is_dir():
-        open_checkpoint(Path(settings.model).expanduser())
-    codec = None
-    if not layout_done:
-        codec = resolve_codec(
-            settings.audio_tokenizer, builtin=is_tiny,
-            revision=settings.audio_tokenizer_revision, cache_dir=settings.cache_dir,
-            progress=bar,
-        )  # fmt: skip
-    model_dir = resolve_model(settings.model, settings.revision, settings.cache_dir, bar)
-    if codec is not None and settings.audio_tokenizer is None:
-        default_codec(builtin=is_tiny, sampling_rate=open_checkpoint(model_dir).moss.sampling_rate)
-    engine = choose_engine(settings.engine, settings.llama_cpp)
-    direct = engine == "direct"
-    if (
-        not layout_done
-        and not settings.force
-        and output.exists()
-        and (not output.is_dir() or any(output.iterdir()))
-    ):
-        raise OutputError(
-            "output exists and is not a finished `all` run of these quant types",
-            path=output,
-            hint="choose another --output or pass --force to replace it",
-        )
-    if not layout_done and not work.exists():
-        needed = plan_bytes(model_dir, settings, direct)
-        preflight(
-            needs_quantize=False,
-            output=output,
-            needed_bytes=needed,
-            llama_cpp=settings.llama_cpp,
-            engine=_preflight_engine(settings.engine),
-        )
-        log.info("the plan needs about %s of free disk", human_bytes(needed))
-    if not layout_done:
-        work.mkdir(parents=True, exist_ok=True)
 
-    steps: list[StepResult] = []
-    notes: list[str] = []
-    bar.start("steps", "all", len(STEPS), "")
+def _preflight_tools(settings: AllSettings) -> None:
+    """doctor's pre-flight before any download: an engine, and a llama.cpp that runs here
+    (its probe is cached per installed build); the disk follows with the plan's count."""
+    from .doctor import preflight
 
-    def step(name: str) -> float:
-        if on_step:
-            on_step(name, STEPS.index(name))
-        bar.advance("steps", 0, description=f"{name} ({STEPS.index(name) + 1}/{len(STEPS)})")
-        return time.perf_counter()
-
-    def done(name: str, started: float, detail: str = "") -> None:
-        steps.append(StepResult(name, "done", time.perf_counter() - started, detail))
-        bar.advance("steps", 1)
-
-    def skipped(name: str, detail: str = "already complete") -> None:
-        steps.append(StepResult(name, "skipped", 0.0, detail))
-        bar.advance("steps", 1)
-
-    # which steps read the source: each drops what it has read once the other is past it
-    wanted = ("f16", "bf16") if settings.outtype == "auto" else (settings.outtype,)
-    intermediate = next(
-        (
-            work / f"backbone_{t}.gguf"
-            for t in wanted
-            if _gguf_complete(work / f"backbone_{t}.gguf")
-        ),
-        None,
+    preflight(
+        needs_quantize=True,
+        needs_runtime=True,
+        output=None,
+        needed_bytes=None,
+        llama_cpp=settings.llama_cpp,
+        engine=_preflight_engine(settings.engine),
     )
-    quantized = all(_gguf_complete(g, q) for g, q in zip(ggufs, quants, strict=True))
-    must_extract = not layout_done and not _extract_complete(extracted)
-    # the direct engine reads the source once for every type: no convert step
-    must_direct = direct and not (layout_done or quantized)
-    must_convert = not (direct or layout_done or quantized or intermediate is not None)
-    reads_backbone = must_convert or must_direct
-    pages = None
-    if (must_extract or reads_backbone) and not settings.keep_intermediate:
-        pages = _source_pages(model_dir, must_extract, reads_backbone)
-
-    # 1. extract: tables, tokenizer and meta (the backbone weights only if kept). It runs in
-    #    the background at the lowest CPU priority, so that convert and quantize, which
-    #    decide the wall time, keep the cores and extract takes what they leave idle; it
-    #    hashes its tables as it writes them so that layout's manifest need not read them.
-    extracting = None
-    if not must_extract:
-        skipped("extract")
-    else:
-        t_extract = step("extract")
-        remove_stale_partials(extracted)
-
-        def extract_and_hash():
-            _yield_cpu()
-            r = extract(
-                model_dir,
-                extracted,
-                force=True,
-                source_model=settings.model,
-                backbone_weights=settings.keep_intermediate,
-                remember=True,
-                source_pages=pages,
-                progress=bar,
-            )
-            return r, time.perf_counter() - t_extract
-
-        background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="extract")
-        extracting = background.submit(extract_and_hash)
-        background.shutdown(wait=False)
-        steps.append(StepResult("extract", "done"))  # its time is filled in when it ends
-
-    def extract_finished() -> None:
-        nonlocal extracting
-        if extracting is None:
-            return
-        r, seconds = extracting.result()
-        extracting = None
-        steps[0].seconds = seconds
-        steps[0].detail = f"{len(r.npy_files)} tables, {human_bytes(r.bytes_written)}"
-        bar.advance("steps", 1)
-
-    try:
-        # 2. convert the backbone straight from the source shards
-        if direct:
-            skipped("convert", "not needed: quantized straight from the checkpoint")
-        elif not must_convert:
-            skipped("convert")
-        else:
-            t = step("convert")
-            outtype = "f16" if settings.outtype == "auto" else settings.outtype
-            try:
-                r = convert(
-                    model_dir,
-                    work / f"backbone_{outtype}.gguf",
-                    outtype=outtype,
-                    force=True,
-                    progress=bar,
-                    source_pages=pages,
-                )
-            except NumericError as exc:
-                if settings.outtype != "auto":
-                    raise
-                notes.append(f"f16 would overflow ({exc.message}); converted to bf16 instead")
-                log.warning(notes[-1])
-                r = convert(
-                    model_dir, work / "backbone_bf16.gguf", outtype="bf16", force=True, progress=bar
-                )
-            intermediate = r.outfile
-            done("convert", t, f"{intermediate.name}, {human_bytes(r.bytes_written)}")
-
-        # 3. quantize to every requested type
-        if layout_done:
-            skipped("quantize")
-        else:
-            from .quantize import quantize
-
-            todo = [(g, q) for g, q in zip(ggufs, quants, strict=True) if not _gguf_complete(g, q)]
-            if not todo:
-                skipped("quantize")
-            elif direct:
-                t = step("quantize")
-                q = _quantize_direct(model_dir, todo, settings, work, bar, pages)
-                results, intermediate = q.results, q.intermediate
-                notes += q.notes
-            else:
-                t = step("quantize")
-                results = quantize(
-                    intermediate,
-                    [g for g, _ in todo],
-                    [q for _, q in todo],
-                    engine=engine,
-                    llama_cpp=settings.llama_cpp,
-                    imatrix=settings.imatrix,
-                    threads=settings.threads,
-                    force=True,
-                    progress=bar,
-                )
-            if todo:
-                fallbacks = sum(len(r.fallbacks) for r in results)
-                how = " in one read of the checkpoint" if direct else ""
-                done(
-                    "quantize",
-                    t,
-                    ", ".join(f"{r.output.name} {r.bpw:.2f} bpw" for r in results)
-                    + how
-                    + (f"; {fallbacks} fallback tensor types" if fallbacks else ""),
-                )
-
-    finally:
-        if extracting is not None and not extracting.done():
-            # convert or quantize stopped early: let the background extract end first
-            try:
-                extracting.result()
-            except BaseException:  # noqa: BLE001 - the first failure is the one to report
-                pass
-    extract_finished()
-    # the intermediate GGUF has served: free its disk and page cache on the other core while
-    # layout and verify run (a rerun after this point finds the quantized GGUFs complete)
-    dropping = None
-    if intermediate is not None and not settings.keep_intermediate:
-        dropping = threading.Thread(target=intermediate.unlink, kwargs={"missing_ok": True})
-        dropping.start()
-
-    # 4. layout: hard links from the work folder (same filesystem, so no copies); the work
-    #    folder (all but the intermediate GGUF) stays until the end, so a run killed here
-    #    resumes at this step
-    if layout_done:
-        skipped("layout")
-    else:
-        t = step("layout")
-        r = layout(
-            extracted,
-            ggufs,
-            output,
-            mode=LayoutMode.link,
-            audio_tokenizer=codec,
-            synth_overrides={**(_DEMO_SYNTH if is_tiny else {}), **settings.synth} or None,
-            source_model=settings.model,
-            force=True,
-            progress=bar,
-        )
-        done("layout", t, f"{len(r.entries)} files")
-
-    # 5. verify the finished folder (fast checks)
-    t = step("verify")
-    hold("verify")
-    report, detail = _verify_step(output, bar)
-    done("verify", t, detail)
-    bar.finish("steps")
-
-    if dropping is not None:
-        dropping.join()
-    kept = None
-    if work.exists():
-        if settings.keep_intermediate:
-            kept = output.parent / f"{output.name}-intermediate"
-            shutil.rmtree(kept, ignore_errors=True)
-            work.rename(kept)
-        else:
-            shutil.rmtree(work)
-    manifest = json.loads((output / MANIFEST_NAME).read_text())
-    config = output / manifest.get("config", "moss-tts.yaml")
-    files = [(f["path"], f["size"]) for f in manifest["files"]]
-    speaks = manifest.get("audio_tokenizer", "?") is not None
-    return AllResult(
-        output, config, [output / g.name for g in ggufs], steps, files, kept, notes, report,
-        speaks=speaks,
-    )  # fmt: skip
 
 
 def _preflight_engine(engine: str) -> str:
@@ -490,58 +223,113 @@ def _preflight_engine(engine: str) -> str:
     return "auto" if engine == "direct" else engine
 
 
-def _quantize_direct(model_dir, todo, settings: AllSettings, work: Path, bar, pages):
-    from .quantize import QuantizeSettings, load_imatrix
-    from .quantize_direct import quantize_checkpoint
-
-    imatrix = load_imatrix(settings.imatrix) if settings.imatrix is not None else None
-    qs = QuantizeSettings(threads=settings.threads, imatrix=settings.imatrix)
-    return quantize_checkpoint(
-        model_dir, todo, settings.outtype, qs, imatrix, work,
-        keep_intermediate=settings.keep_intermediate, force=True, progress=bar, pages=pages,
+def _find_codec(
+    settings: AllSettings, is_tiny: bool, bar: ProgressReporter
+) -> AudioTokenizer | None:
+    """The codec before the model: a missing one fails in seconds, not after the conversion.
+    A local folder is looked at first: refusing a look-alike model needs no codec."""
+    if not is_tiny and Path(settings.model).expanduser().is_dir():
+        open_checkpoint(Path(settings.model).expanduser())
+    return resolve_codec(
+        settings.audio_tokenizer, builtin=is_tiny,
+        revision=settings.audio_tokenizer_revision, cache_dir=settings.cache_dir,
+        progress=bar,
     )  # fmt: skip
 
 
-def _source_pages(model_dir: Path, extracting: bool, converting: bool) -> SourcePages:
-    """The source ranges extract and convert will read, each reader announced."""
-    ck = open_checkpoint(model_dir)
-    pages = SourcePages()
-    if extracting:
-        pages.expect(
-            "extract", ((j.source.path, j.source.offset, j.source.nbytes) for j in npy_jobs(ck))
-        )
-    if converting:
-        pages.expect("convert", ((r.path, r.offset, r.nbytes) for _, r in ck.backbone_tensors()))
-    return pages
-
-
-def _yield_cpu() -> None:
-    """Lowest CPU priority for the calling thread and the threads it starts (Linux: nice is
-    per thread and inherited); elsewhere a no-op."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (AttributeError, OSError):
-        pass
-
-
-def _verify_step(output: Path, progress: ProgressReporter):
-    """verify's fast checks of the finished folder; raises on a failing row. (report, detail)"""
-    from .verify import CODEC_ROW, verify  # an import error fails the step, never "done"
-
-    report = verify(output, progress=progress)
-    silent = json.loads((output / MANIFEST_NAME).read_text()).get("audio_tokenizer", "?") is None
-    # a folder made without a codec fails verify's codec row by design; all else must pass
-    failed = [
-        row for row in report.rows
-        if row.status == "fail" and not (silent and row.name == CODEC_ROW)
-    ]  # fmt: skip
-    if failed:
-        raise MossGgufError(
-            f"verify failed: {failed[0].name}: {failed[0].detail} ({len(failed)} failing checks)",
+def _refuse_other_output(output: Path, what: str) -> None:
+    """An output that is there and not empty is someone's: never replaced without --force."""
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise OutputError(
+            f"output exists and is not a finished `all` run of {what}",
             path=output,
-            hint="`moss-gguf verify` shows the full report; --force redoes all",
+            hint="choose another --output or pass --force to replace it",
         )
-    return report, ("all checks pass" if not silent else "all checks pass but the codec's")
+
+
+def _preflight_disk(model_dir: Path, settings: AllSettings, output: Path, direct: bool) -> None:
+    """The disk of the output's folder holds the whole plan (before anything is written)."""
+    from .doctor import preflight
+
+    needed = plan_bytes(model_dir, settings, direct)
+    preflight(
+        needs_quantize=False,
+        output=output,
+        needed_bytes=needed,
+        llama_cpp=settings.llama_cpp,
+        engine=_preflight_engine(settings.engine),
+    )
+    log.info("the plan needs about %s of free disk", human_bytes(needed))
+
+
+# --------------------------------------------------------------------------- the steps
+
+
+def _run_steps(ctx: RunContext) -> None:
+    """The five steps in order, each skipped when its output is complete. Extract runs in the
+    background beside convert and quantize, the steps that decide the wall time."""
+    extract = ExtractStep()
+    ctx.bar.start("steps", "all", len(STEPS), "")
+    ctx.look()
+    # which steps read the source: each drops what it has read once the other is past it
+    ctx.pages = source_pages(ctx, extracting=extract.plan(ctx) is None)
+    extracting = extract.start(ctx)
+    try:
+        ctx.run(ConvertStep())
+        ctx.run(QuantizeStep())
+    finally:
+        if extracting is not None:
+            # convert or quantize stopped early: let the background extract end first
+            extracting.wait_quietly()
+    if extracting is not None:
+        extracting.finish()  # extract's own error, if any, is raised here
+    dropping = _drop_intermediate(ctx)
+    ctx.run(LayoutStep())
+    ctx.run(VerifyStep())
+    ctx.bar.finish("steps")
+    if dropping is not None:
+        dropping.join()
+
+
+def _drop_intermediate(ctx: RunContext) -> threading.Thread | None:
+    """The intermediate GGUF has served: free its disk and page cache on the other core while
+    layout and verify run (a rerun after this point finds the quantized GGUFs complete)."""
+    if ctx.intermediate is None or ctx.settings.keep_intermediate:
+        return None
+    dropping = threading.Thread(target=ctx.intermediate.unlink, kwargs={"missing_ok": True})
+    dropping.start()
+    return dropping
+
+
+# --------------------------------------------------------------------------- after the steps
+
+
+def _finish(ctx: RunContext) -> AllResult:
+    """The work folder removed, or kept beside the output (--keep-intermediate); the result."""
+    kept = None
+    if ctx.work.exists():
+        if ctx.settings.keep_intermediate:
+            kept = ctx.output.parent / f"{ctx.output.name}-intermediate"
+            shutil.rmtree(kept, ignore_errors=True)
+            ctx.work.rename(kept)
+        else:
+            shutil.rmtree(ctx.work)
+    config, files, speaks = _manifest_summary(ctx.output)
+    return AllResult(
+        ctx.output, config, [ctx.output / g.name for g in ctx.ggufs], ctx.steps, files, kept,
+        ctx.notes, ctx.report, speaks=speaks,
+    )  # fmt: skip
+
+
+def _manifest_summary(output: Path) -> tuple[Path, list[tuple[str, int]], bool]:
+    """A finished folder's synth config, files (path, size) and whether it has a codec."""
+    manifest = json.loads((output / MANIFEST_NAME).read_text())
+    config = output / manifest.get("config", CONFIG_NAME)
+    files = [(f["path"], f["size"]) for f in manifest["files"]]
+    return config, files, manifest.get("audio_tokenizer", "?") is not None
+
+
+# --------------------------------------------------------------------------- pre-converted
 
 
 def run_preconverted(
@@ -554,15 +342,8 @@ def run_preconverted(
     paths = choose(repo, settings.quants)
     names = [Path(p).name for p in paths]
     finished = not settings.force and _layout_complete(output, names)
-    if (
-        not finished and not settings.force and output.exists()
-        and (not output.is_dir() or any(output.iterdir()))
-    ):  # fmt: skip
-        raise OutputError(
-            "output exists and is not a finished `all` run of these weights",
-            path=output,
-            hint="choose another --output or pass --force to replace it",
-        )
+    if not finished and not settings.force:
+        _refuse_other_output(output, "these weights")
     if finished:
         steps += [StepResult("download", "skipped"), StepResult("layout", "skipped")]
     else:
@@ -577,30 +358,42 @@ def run_preconverted(
         detail = f"{len(digests)} files, sha256 as the Hub lists" if digests else "local copy"
         steps.append(StepResult("download", "done", time.perf_counter() - t, detail))
         t = time.perf_counter()
-        meta = derive_meta(root, repo, paths[0])
-        output.parent.mkdir(parents=True, exist_ok=True)
-        meta_path = write_meta(meta, output.parent)
-        try:
-            items = [Placement(root / p, Path(p).name, movable=False) for p in paths]
-            items += [Placement(root / p, p, movable=False) for p in repo.tables + repo.tokenizer]
-            items.append(Placement(meta_path, META_NAME, movable=False))
-            if codec is not None:
-                items += audio_tokenizer_files(codec)
-            r = arrange(
-                items, meta, names, output, codec=codec, source_model=repo.source,
-                synth_overrides=settings.synth or None, force=settings.force, progress=bar,
-            )  # fmt: skip
-        finally:
-            shutil.rmtree(meta_path.parent, ignore_errors=True)
+        entries = _arrange_preconverted(settings, repo, paths, names, root, codec, bar)
         took = time.perf_counter() - t
-        steps.append(StepResult("layout", "done", took, f"{len(r.entries)} files"))
+        steps.append(StepResult("layout", "done", took, f"{entries} files"))
     t = time.perf_counter()
-    report, detail = _verify_step(output, bar)
+    report, detail = verify_folder(output, bar)
     steps.append(StepResult("verify", "done", time.perf_counter() - t, detail))
-    manifest = json.loads((output / MANIFEST_NAME).read_text())
-    config = output / manifest.get("config", "moss-tts.yaml")
-    files = [(f["path"], f["size"]) for f in manifest["files"]]
+    config, files, speaks = _manifest_summary(output)
     return AllResult(
-        output, config, [output / n for n in names], steps, files, None, [], report,
-        speaks=manifest.get("audio_tokenizer", "?") is not None,
-    )  # fmt: skip
+        output, config, [output / n for n in names], steps, files, None, [], report, speaks=speaks
+    )
+
+
+def _arrange_preconverted(
+    settings: AllSettings,
+    repo: GgufRepo,
+    paths: list[str],
+    names: list[str],
+    root: Path,
+    codec: AudioTokenizer | None,
+    bar: ProgressReporter,
+) -> int:
+    """Lay the fetched files out (their meta derived from the GGUF); the number of entries."""
+    output = Path(settings.output)
+    meta = derive_meta(root, repo, paths[0])
+    output.parent.mkdir(parents=True, exist_ok=True)
+    meta_path = write_meta(meta, output.parent)
+    try:
+        items = [Placement(root / p, Path(p).name, movable=False) for p in paths]
+        items += [Placement(root / p, p, movable=False) for p in repo.tables + repo.tokenizer]
+        items.append(Placement(meta_path, META_NAME, movable=False))
+        if codec is not None:
+            items += audio_tokenizer_files(codec)
+        r = arrange(
+            items, meta, names, output, codec=codec, source_model=repo.source,
+            synth_overrides=settings.synth or None, force=settings.force, progress=bar,
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(meta_path.parent, ignore_errors=True)
+    return len(r.entries)
