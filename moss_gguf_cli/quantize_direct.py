@@ -35,18 +35,16 @@ from .errors import InputError, ToolError, UsageError
 from .gguf_stream import CHUNK_BYTES, GGUFTensor, Scratch, produce_chunks
 from .gguf_write import GGUFPlan, write_header
 from .holds import hold
+from .imatrix import OVERRIDE_STR_BYTES, ImatrixData, imatrix_kvs
 from .progress import ProgressReporter, ensure
 from .quantize import (
-    OVERRIDE_STR_BYTES,
     Engine,
-    ImatrixData,
     QuantizeJob,
     QuantizeResult,
     QuantizeSettings,
     _command,
     _library_quantize,
     file_types,
-    imatrix_kvs,
 )
 from .sinks import appender
 from .source_pages import SourcePages
