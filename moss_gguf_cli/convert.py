@@ -32,6 +32,7 @@ from .checkpoint import (
 from .errors import InputError, OutputError, ToolError, UnsupportedModelError, UsageError
 from .extract import backbone_config, extract
 from .folders import BACKBONE_DIR, META_NAME
+from .gguf_vocab import read_vocab
 from .gguf_write import (
     GGUFPlan,
     GGUFTensor,
@@ -39,7 +40,6 @@ from .gguf_write import (
     Qwen3Params,
     SourceTensor,
     plan_tensors,
-    read_vocab,
     write_gguf,
 )
 from .progress import ProgressReporter, ensure

@@ -305,6 +305,98 @@ def estimate_bytes(ck: MossCheckpoint, npy_dtype: str, backbone_weights: bool = 
     return backbone + tables + tokenizer + (1 << 20)
 
 
+class _Bars:
+    """Extract's progress: one bar per source shard (bytes read from it) and one overall,
+    advanced from both writer threads."""
+
+    def __init__(
+        self, bar: ProgressReporter, shards: list[list[tuple[str, TensorRef]]], jobs: list[NpyJob]
+    ):
+        self._bar = bar
+        self._lock = threading.Lock()
+        per_shard: dict[Path, int] = {}
+        for _, ref in (pair for shard in shards for pair in shard):
+            per_shard[ref.path] = per_shard.get(ref.path, 0) + ref.nbytes
+        for job in jobs:
+            per_shard[job.source.path] = per_shard.get(job.source.path, 0) + job.source.nbytes
+        self._paths = list(per_shard)
+        for path, nbytes in per_shard.items():
+            bar.start(f"shard:{path}", path.name, nbytes, "B")
+        bar.start("total", "extract", sum(per_shard.values()), "B")
+
+    def reporter(self, path: Path) -> Callable[[int], None]:
+        """on_bytes for bytes read from the source file at path."""
+
+        def on_bytes(n: int) -> None:
+            with self._lock:
+                self._bar.advance(f"shard:{path}", n)
+                self._bar.advance("total", n)
+
+        return on_bytes
+
+    def finish(self) -> None:
+        for path in self._paths:
+            self._bar.finish(f"shard:{path}")
+        self._bar.finish("total")
+
+
+def _write_backbone(
+    folder: Path,
+    shards: list[list[tuple[str, TensorRef]]],
+    names: list[str],
+    bars: _Bars,
+    stop: threading.Event,
+) -> int:
+    """The backbone's safetensors shards, byte copies of the source tensors."""
+    written = 0
+    for fname, shard in zip(names, shards, strict=True):
+        if stop.is_set():
+            raise KeyboardInterrupt
+        written += write_streaming(
+            folder / fname,
+            _planned(shard),
+            {"format": "pt"},
+            on_bytes=_shard_reporter(shard, bars.reporter),
+        )
+    return written
+
+
+def _write_tables(
+    jobs: list[NpyJob],
+    root: Path,
+    npy_dtype: str,
+    bars: _Bars,
+    stop: threading.Event,
+    remember: bool,
+    pages: SourcePages | None,
+) -> int:
+    """The embedding tables and heads as .npy files, one after the other."""
+    return sum(
+        write_npy(
+            job,
+            root / job.relpath,
+            npy_dtype,
+            bars.reporter(job.source.path),
+            stop,
+            remember,
+            pages,
+        )
+        for job in jobs
+    )
+
+
+def _side_by_side(tasks: list[Callable[[], int]], stop: threading.Event) -> int:
+    """Run the tasks on their own threads (one I/O-bound, one CPU-bound); the bytes they
+    wrote. The first failure sets ``stop`` so the other task ends soon too."""
+    with ThreadPoolExecutor(max_workers=len(tasks), thread_name_prefix="extract") as pool:
+        futures = [pool.submit(task) for task in tasks]
+        try:
+            return sum(f.result() for f in futures)
+        except BaseException:
+            stop.set()
+            raise
+
+
 def extract(
     model_dir: Path,
     output: Path,
@@ -338,73 +430,22 @@ def extract(
 
     with Staging(output, force=force) as stage:
         check_free_space(stage.path, estimate_bytes(ck, npy_dtype, backbone_weights), output)
-        backbone = stage.path / BACKBONE_DIR
         for sub in (BACKBONE_DIR, EMBEDDING_DIR, LM_HEAD_DIR):
             (stage.path / sub).mkdir()
-
-        # progress: one bar per source shard (bytes read from it) and one overall
-        per_shard: dict[Path, int] = {}
-        for _, ref in (pair for shard in shards for pair in shard):
-            per_shard[ref.path] = per_shard.get(ref.path, 0) + ref.nbytes
-        for job in jobs:
-            per_shard[job.source.path] = per_shard.get(job.source.path, 0) + job.source.nbytes
-        total = sum(per_shard.values())
-        for path, nbytes in per_shard.items():
-            bar.start(f"shard:{path}", path.name, nbytes, "B")
-        bar.start("total", "extract", total, "B")
-        lock = threading.Lock()
-
-        def reporter(path: Path):
-            def on_bytes(n: int) -> None:
-                with lock:
-                    bar.advance(f"shard:{path}", n)
-                    bar.advance("total", n)
-
-            return on_bytes
-
+        bars = _Bars(bar, shards, jobs)
         stop = threading.Event()
         names = _shard_names(len(shards))
 
-        def write_backbone() -> int:
-            written = 0
-            for fname, shard in zip(names, shards, strict=True):
-                if stop.is_set():
-                    raise KeyboardInterrupt
-                planned = _planned(shard)
-                written += write_streaming(
-                    backbone / fname,
-                    planned,
-                    {"format": "pt"},
-                    on_bytes=_shard_reporter(shard, reporter),
-                )
-            return written
-
-        def write_tables() -> int:
-            return sum(
-                write_npy(
-                    job,
-                    stage.path / job.relpath,
-                    npy_dtype,
-                    reporter(job.source.path),
-                    stop,
-                    remember,
-                    source_pages,
-                )
-                for job in jobs
-            )
-
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="extract") as pool:
-            futures = [pool.submit(write_backbone), pool.submit(write_tables)]
-            try:
-                written = sum(f.result() for f in futures)
-            except BaseException:
-                stop.set()
-                raise
-
+        root = stage.path
+        written = _side_by_side(
+            [
+                lambda: _write_backbone(root / BACKBONE_DIR, shards, names, bars, stop),
+                lambda: _write_tables(jobs, root, npy_dtype, bars, stop, remember, source_pages),
+            ],
+            stop,
+        )
         written += _write_small_files(ck, stage.path, shards, names, npy_dtype, source_model)
-        for key in list(per_shard):
-            bar.finish(f"shard:{key}")
-        bar.finish("total")
+        bars.finish()
         stage.commit()
 
     return ExtractResult(

@@ -15,7 +15,6 @@ import logging
 import os
 import queue
 import re
-import struct
 import threading
 import time
 from collections import Counter
@@ -31,6 +30,7 @@ from . import llama_cpp as lc
 from .errors import InputError, OutputError, ToolError, UsageError
 from .gguf_read import GgufInfo, inspect_gguf  # the one GGUF header reader
 from .holds import hold
+from .imatrix import OVERRIDE_STR_BYTES, ImatrixData, imatrix_kvs, load_imatrix
 from .progress import ProgressReporter, ensure
 from .staging import check_target, staged_file
 
@@ -291,18 +291,8 @@ def _same_file(a: Path, b: Path) -> bool:
     return a.resolve() == b.resolve()
 
 
-def plan_quantize(
-    input: Path,
-    output: Path | Sequence[Path] | None = None,
-    types: str | Sequence[str] = ("Q4_K_M",),
-    *,
-    output_dir: Path | None = None,
-    settings: QuantizeSettings | None = None,
-    force: bool = False,
-) -> tuple[GgufInfo, list[QuantizeJob]]:
-    """Check everything that can be checked before work starts; return the jobs."""
-    s = settings or QuantizeSettings()
-    engine = parse_engine(s.engine)
+def _canonical_types(types: str | Sequence[str]) -> list[str]:
+    """The requested file types as canonical names, each once, in the order given."""
     names = [types] if isinstance(types, str) else list(types)
     if not names:
         raise UsageError("no quantization type given", hint="e.g. Q4_K_M")
@@ -311,37 +301,34 @@ def plan_quantize(
         c = parse_file_type(n)
         if c not in canon:
             canon.append(c)
-    tok_type = (
-        parse_tensor_type(s.token_embedding_type, "--token-embedding-type")
-        if s.token_embedding_type
-        else None
-    )
-    out_type = (
-        parse_tensor_type(s.output_tensor_type, "--output-tensor-type")
-        if s.output_tensor_type
-        else None
-    )
-    if s.threads is not None and s.threads < 1:
-        raise UsageError(f"--threads must be at least 1, got {s.threads}")
+    return canon
 
-    # outputs
-    input = Path(input)
+
+def _output_paths(
+    input: Path,
+    output: Path | Sequence[Path] | None,
+    output_dir: Path | None,
+    canon: list[str],
+) -> list[Path]:
+    """One output path per type: the ones given, or named by output_name in a folder."""
     if output is not None and output_dir is not None:
         raise UsageError("give either an output file or --output-dir, not both")
     if output_dir is not None:
-        outputs = [Path(output_dir) / output_name(input, t) for t in canon]
-    elif output is None:
-        outputs = [input.parent / output_name(input, t) for t in canon]
-    else:
-        outputs = [Path(output)] if isinstance(output, (str, os.PathLike)) else list(output)
-        outputs = [Path(o) for o in outputs]
-        if len(outputs) != len(canon):
-            raise UsageError(
-                f"{len(canon)} types but {len(outputs)} output file(s)",
-                hint="with several types use --output-dir DIR",
-            )
+        return [Path(output_dir) / output_name(input, t) for t in canon]
+    if output is None:
+        return [input.parent / output_name(input, t) for t in canon]
+    outputs = [Path(output)] if isinstance(output, (str, os.PathLike)) else list(output)
+    outputs = [Path(o) for o in outputs]
+    if len(outputs) != len(canon):
+        raise UsageError(
+            f"{len(canon)} types but {len(outputs)} output file(s)",
+            hint="with several types use --output-dir DIR",
+        )
+    return outputs
 
-    info = inspect_gguf(input)
+
+def _check_outputs(input: Path, outputs: list[Path], force: bool) -> None:
+    """Refuse outputs that are the input, a folder, taken (without force) or given twice."""
     for out in outputs:
         if _same_file(out, input):
             raise UsageError(
@@ -357,6 +344,9 @@ def plan_quantize(
     if len(set(o.resolve() for o in outputs)) != len(outputs):
         raise UsageError("two types would write the same output file")
 
+
+def _check_input(input: Path, info: GgufInfo, s: QuantizeSettings) -> None:
+    """Refuse an already quantized input (unless allowed) and a missing importance matrix."""
     quantized = info.quantized_types
     if quantized and not s.allow_requantize:
         raise InputError(
@@ -367,6 +357,39 @@ def plan_quantize(
         )
     if s.imatrix is not None and not Path(s.imatrix).is_file():
         raise InputError("importance matrix file not found", path=s.imatrix, hint="check --imatrix")
+
+
+def plan_quantize(
+    input: Path,
+    output: Path | Sequence[Path] | None = None,
+    types: str | Sequence[str] = ("Q4_K_M",),
+    *,
+    output_dir: Path | None = None,
+    settings: QuantizeSettings | None = None,
+    force: bool = False,
+) -> tuple[GgufInfo, list[QuantizeJob]]:
+    """Check everything that can be checked before work starts; return the jobs."""
+    s = settings or QuantizeSettings()
+    engine = parse_engine(s.engine)
+    canon = _canonical_types(types)
+    tok_type = (
+        parse_tensor_type(s.token_embedding_type, "--token-embedding-type")
+        if s.token_embedding_type
+        else None
+    )
+    out_type = (
+        parse_tensor_type(s.output_tensor_type, "--output-tensor-type")
+        if s.output_tensor_type
+        else None
+    )
+    if s.threads is not None and s.threads < 1:
+        raise UsageError(f"--threads must be at least 1, got {s.threads}")
+
+    input = Path(input)
+    outputs = _output_paths(input, output, output_dir, canon)
+    info = inspect_gguf(input)
+    _check_outputs(input, outputs, force)
+    _check_input(input, info, s)
 
     resolved, exe = resolve_engine(engine, s.llama_cpp)
     # canonical names from here on; the library engine shows the equivalent llama-quantize
@@ -425,18 +448,10 @@ def quantize(
     return [_run_job(job, info, imatrix_data, force, progress) for job in jobs]
 
 
-def _run_job(
-    job: QuantizeJob,
-    info: GgufInfo,
-    imatrix_data: ImatrixData | None,
-    force: bool,
-    progress: ProgressReporter,
-) -> QuantizeResult:
-    s = job.settings
-    parser = lc.QuantizeLogParser()
-    key = f"quantize:{job.file_type}"
-    label = f"{job.file_type}"
-    progress.start(key, label, total=info.n_tensors, unit="tensors")
+def _progress_feed(
+    parser: lc.QuantizeLogParser, progress: ProgressReporter, key: str, label: str
+) -> Callable[[str], None]:
+    """A sink for llama.cpp's log text: debug log lines, the parser's rows, progress."""
 
     def on_text(text: str) -> None:
         for line in text.splitlines():
@@ -454,38 +469,48 @@ def _run_job(
                 progress.advance(key, 1, description=f"{label} {r.name} {change}")
                 hold("quantize")
 
-    start = time.perf_counter()
-    version: str | None = None
-    try:
-        with staged_file(job.output, force=force) as tmp:
-            if job.engine is Engine.BINARY:
-                cmd = _command(job.command[0], job.input, tmp, job.file_type, s)
-                run = lc.run_streaming(cmd, on_text)
-                parser.close()
-                if run.returncode != 0:
-                    raise ToolError(
-                        f"llama-quantize failed (exit {run.returncode}): {lc.last_lines(run.tail)}",
-                        path=job.input,
-                    )
-                version = parser.build.describe() if parser.build else f"binary {cmd[0]}"
-            else:
-                rc = _library_quantize(job, tmp, s, imatrix_data, on_text)
-                parser.close()
-                if rc != 0:
-                    raise ToolError(
-                        f"llama_model_quantize failed (code {rc}): "
-                        f"{lc.last_lines(list(parser.lines))}",
-                        path=job.input,
-                    )
-                v = lc.library_version()
-                version = v.describe() if v else "llama-cpp-python"
-            if not tmp.is_file() or tmp.stat().st_size == 0:
-                raise ToolError("llama.cpp reported success but wrote no output", path=job.output)
-        progress.advance(key, 0, description=f"{label} done")
-    finally:
-        progress.finish(key)
-    seconds = time.perf_counter() - start
+    return on_text
 
+
+def _run_engine(
+    job: QuantizeJob,
+    tmp: Path,
+    imatrix_data: ImatrixData | None,
+    parser: lc.QuantizeLogParser,
+    on_text: Callable[[str], None],
+) -> str:
+    """Quantize job.input into tmp with the job's engine; returns which llama.cpp did it."""
+    s = job.settings
+    if job.engine is Engine.BINARY:
+        cmd = _command(job.command[0], job.input, tmp, job.file_type, s)
+        run = lc.run_streaming(cmd, on_text)
+        parser.close()
+        if run.returncode != 0:
+            raise ToolError(
+                f"llama-quantize failed (exit {run.returncode}): {lc.last_lines(run.tail)}",
+                path=job.input,
+            )
+        return parser.build.describe() if parser.build else f"binary {cmd[0]}"
+    rc = _library_quantize(job, tmp, s, imatrix_data, on_text)
+    parser.close()
+    if rc != 0:
+        raise ToolError(
+            f"llama_model_quantize failed (code {rc}): {lc.last_lines(list(parser.lines))}",
+            path=job.input,
+        )
+    v = lc.library_version()
+    return v.describe() if v else "llama-cpp-python"
+
+
+def _result(
+    job: QuantizeJob,
+    info: GgufInfo,
+    parser: lc.QuantizeLogParser,
+    version: str | None,
+    seconds: float,
+) -> QuantizeResult:
+    """The finished job's figures: sizes, bits per weight (llama.cpp's own when it logged
+    them), the tensor rows and fallbacks."""
     out_bytes = job.output.stat().st_size
     n_el = max(info.n_elements, 1)
     in_bpw = parser.model_bpw if parser.model_bpw is not None else info.size * 8 / n_el
@@ -509,10 +534,59 @@ def _run_job(
     )
 
 
+def _run_job(
+    job: QuantizeJob,
+    info: GgufInfo,
+    imatrix_data: ImatrixData | None,
+    force: bool,
+    progress: ProgressReporter,
+) -> QuantizeResult:
+    parser = lc.QuantizeLogParser()
+    key = f"quantize:{job.file_type}"
+    label = f"{job.file_type}"
+    progress.start(key, label, total=info.n_tensors, unit="tensors")
+    on_text = _progress_feed(parser, progress, key, label)
+    start = time.perf_counter()
+    try:
+        # the temporary name becomes the output only once llama.cpp has finished
+        with staged_file(job.output, force=force) as tmp:
+            version = _run_engine(job, tmp, imatrix_data, parser, on_text)
+            if not tmp.is_file() or tmp.stat().st_size == 0:
+                raise ToolError("llama.cpp reported success but wrote no output", path=job.output)
+        progress.advance(key, 0, description=f"{label} done")
+    finally:
+        progress.finish(key)
+    return _result(job, info, parser, version, time.perf_counter() - start)
+
+
 # --------------------------------------------------------------------------- library engine
 
 # ctypes callbacks handed to libllama must outlive any thread that may still call them
 _KEEP_ALIVE: list[Any] = []
+
+
+def _quantize_params(
+    job: QuantizeJob, s: QuantizeSettings, imatrix_data: ImatrixData | None, dry_run: bool
+) -> tuple[Any, list[Any]]:
+    """llama_model_quantize_params for the job, and the arrays they point into (which must
+    outlive the call)."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = job.ftype
+    params.nthread = s.threads or 0
+    ttypes = tensor_types()
+    if s.token_embedding_type:
+        params.token_embedding_type = ttypes[s.token_embedding_type.upper()]
+    if s.output_tensor_type:
+        params.output_tensor_type = ttypes[s.output_tensor_type.upper()]
+    params.allow_requantize = bool(s.allow_requantize)
+    params.pure = bool(s.pure)
+    params.dry_run = bool(dry_run)
+    keep: list[Any] = []
+    if imatrix_data is not None:
+        _attach_imatrix(params, imatrix_data, str(s.imatrix), keep)
+    return params, keep
 
 
 def _library_quantize(
@@ -525,29 +599,34 @@ def _library_quantize(
 ) -> int:
     """llama_model_quantize in a worker thread; its log reaches on_text on this thread.
 
-    A worker keeps this thread free to report progress and to take Ctrl-C (an exception
-    raised inside a ctypes callback would be swallowed). With ``dry_run`` llama.cpp only
-    decides and logs each tensor's type; it reads no tensor data and writes nothing.
+    With ``dry_run`` llama.cpp only decides and logs each tensor's type; it reads no tensor
+    data and writes nothing.
     """
     import ctypes
 
     import llama_cpp
 
     llama_cpp.llama_backend_init()
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = job.ftype
-    params.nthread = s.threads or 0
-    ttypes = tensor_types()
-    if s.token_embedding_type:
-        params.token_embedding_type = ttypes[s.token_embedding_type.upper()]
-    if s.output_tensor_type:
-        params.output_tensor_type = ttypes[s.output_tensor_type.upper()]
-    params.allow_requantize = bool(s.allow_requantize)
-    params.pure = bool(s.pure)
-    params.dry_run = bool(dry_run)
-    keep: list[Any] = []  # arrays params points into
-    if imatrix_data is not None:
-        _attach_imatrix(params, imatrix_data, str(s.imatrix), keep)
+    params, keep = _quantize_params(job, s, imatrix_data, dry_run)
+    return _call_with_log(
+        lambda: llama_cpp.llama_model_quantize(
+            str(job.input).encode(), str(out).encode(), ctypes.byref(params)
+        ),
+        on_text,
+        keep,
+    )
+
+
+def _call_with_log(call: Callable[[], int], on_text: Callable[[str], None], keep: Any) -> int:
+    """call() in a worker thread with libllama's log routed to on_text on this thread.
+
+    A worker keeps this thread free to report progress and to take Ctrl-C (an exception
+    raised inside a ctypes callback would be swallowed). ``keep`` is what the call's
+    arguments point into: kept alive for good if the call is interrupted.
+    """
+    import ctypes
+
+    import llama_cpp
 
     texts: queue.SimpleQueue[str] = queue.SimpleQueue()
     active = threading.Event()
@@ -563,9 +642,7 @@ def _library_quantize(
 
     def work() -> None:
         try:
-            result["rc"] = llama_cpp.llama_model_quantize(
-                str(job.input).encode(), str(out).encode(), ctypes.byref(params)
-            )
+            result["rc"] = call()
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread
             result["exc"] = exc
 
@@ -614,116 +691,6 @@ def _restore_llama_log() -> None:
 # --------------------------------------------------------------------------- importance matrix
 
 
-@dataclass
-class ImatrixData:
-    entries: dict[str, np.ndarray]  # tensor name -> float32 per-column importance
-    datasets: list[str]
-    chunk_count: int
-
-
-def load_imatrix(path: Path) -> ImatrixData:
-    """Read an importance matrix (GGUF or the legacy .dat) the way llama-quantize does."""
-    path = Path(path)
-    with open(path, "rb") as fh:
-        magic = fh.read(4)
-    try:
-        return _load_imatrix_gguf(path) if magic == b"GGUF" else _load_imatrix_legacy(path)
-    except InputError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any parse failure is a bad file
-        raise InputError(
-            f"cannot read the importance matrix ({exc})",
-            path=path,
-            hint="pass an imatrix written by llama-imatrix",
-        ) from None
-
-
-def _load_imatrix_gguf(path: Path) -> ImatrixData:
-    import gguf
-
-    reader = gguf.GGUFReader(path)
-    sums: dict[str, np.ndarray] = {}
-    counts: dict[str, np.ndarray] = {}
-    for t in reader.tensors:
-        for suffix, into in ((".in_sum2", sums), (".counts", counts)):
-            if t.name.endswith(suffix):
-                if t.tensor_type != gguf.GGMLQuantizationType.F32:
-                    raise InputError(f"{t.name} must be F32", path=path)
-                into[t.name[: -len(suffix)]] = np.asarray(t.data, dtype=np.float32).reshape(-1)
-    if not sums and not counts:
-        raise InputError("importance matrix holds no data", path=path)
-
-    def field_value(key: str) -> Any:
-        f = reader.fields.get(key)
-        return f.contents() if f is not None else None
-
-    datasets = field_value("imatrix.datasets")
-    chunk_count = field_value("imatrix.chunk_count")
-    chunk_size = field_value("imatrix.chunk_size")
-    if datasets is None or chunk_count is None or chunk_size is None:
-        raise InputError(
-            "importance matrix metadata missing (imatrix.datasets/chunk_count/chunk_size)",
-            path=path,
-            hint="regenerate it with llama-imatrix",
-        )
-    entries: dict[str, np.ndarray] = {}
-    for name in sorted(set(sums) | set(counts)):
-        if name not in sums or name not in counts:
-            raise InputError(f"mismatched sums and counts for {name}", path=path)
-        # std::lround: halves away from zero
-        c = np.sign(counts[name]) * np.floor(np.abs(counts[name].astype(np.float64)) + 0.5)
-        s = sums[name]
-        ne0 = s.size // c.size
-        e = np.ones(s.size, dtype=np.float32)
-        for j, cnt in enumerate(c):
-            if cnt > 0:
-                e[j * ne0 : (j + 1) * ne0] = s[j * ne0 : (j + 1) * ne0] / np.float32(float(cnt))
-        entries[name] = e
-    if isinstance(datasets, str):
-        datasets = [datasets]
-    return ImatrixData(entries, [str(d) for d in datasets], int(chunk_count))
-
-
-def _load_imatrix_legacy(path: Path) -> ImatrixData:
-    data = path.read_bytes()
-    pos = 0
-
-    def take(fmt: str) -> Any:
-        nonlocal pos
-        size = struct.calcsize(fmt)
-        if pos + size > len(data):
-            raise InputError("truncated importance matrix", path=path)
-        value = struct.unpack_from(fmt, data, pos)
-        pos += size
-        return value if len(value) > 1 else value[0]
-
-    n_entries = take("<i")
-    if n_entries < 1:
-        raise InputError("not an importance matrix (no entries)", path=path)
-    entries: dict[str, np.ndarray] = {}
-    for _ in range(n_entries):
-        n = take("<i")
-        if n < 0 or pos + n > len(data):
-            raise InputError("truncated importance matrix", path=path)
-        name = data[pos : pos + n].split(b"\0")[0].decode("utf-8", "replace")
-        pos += n
-        ncall, nval = take("<i"), take("<i")
-        if nval < 1 or pos + 4 * nval > len(data):
-            raise InputError("truncated importance matrix", path=path)
-        sums = np.frombuffer(data, dtype="<f4", count=nval, offset=pos).astype(np.float32)
-        pos += 4 * nval
-        entries[name] = sums / np.float32(ncall) if ncall > 0 else sums.copy()
-    datasets: list[str] = []
-    chunk_count = 0
-    if pos + 4 <= len(data):
-        chunk_count = take("<i")
-        if pos + 4 <= len(data):
-            n = take("<i")
-            if n > 0 and pos + n <= len(data):
-                datasets.append(data[pos : pos + n].split(b"\0")[0].decode("utf-8", "replace"))
-    return ImatrixData(entries, datasets, chunk_count)
-
-
 def _attach_imatrix(params: Any, data: ImatrixData, file_arg: str, keep: list[Any]) -> None:
     """Fill params.imatrix and the quantize.imatrix.* metadata as llama-quantize does."""
     import ctypes
@@ -757,17 +724,3 @@ def _attach_imatrix(params: Any, data: ImatrixData, file_arg: str, keep: list[An
             ov[i].value.val_i64 = int(value)
     keep.append(ov)
     params.kv_overrides = ctypes.cast(ov, ctypes.POINTER(llama_cpp.llama_model_kv_override))
-
-
-OVERRIDE_STR_BYTES = 127  # llama_model_kv_override's char[128] keeps this many bytes
-
-
-def imatrix_kvs(data: ImatrixData, file_arg: str) -> list[tuple[str, int | str]]:
-    """The quantize.imatrix.* keys llama-quantize adds, in its order."""
-    kvs: list[tuple[str, int | str]] = [("quantize.imatrix.file", file_arg)]
-    if data.datasets:
-        kvs.append(("quantize.imatrix.dataset", data.datasets[0]))
-    kvs.append(("quantize.imatrix.entries_count", len(data.entries)))
-    if data.chunk_count > 0:
-        kvs.append(("quantize.imatrix.chunks_count", data.chunk_count))
-    return kvs

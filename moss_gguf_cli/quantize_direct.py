@@ -32,20 +32,19 @@ import numpy as np
 from . import ggml_lib
 from . import llama_cpp as lc
 from .errors import InputError, ToolError, UsageError
-from .gguf_write import CHUNK_BYTES, GGUFPlan, GGUFTensor, _produce, _Scratch, write_header
+from .gguf_stream import CHUNK_BYTES, GGUFTensor, Scratch, produce_chunks
+from .gguf_write import GGUFPlan, write_header
 from .holds import hold
+from .imatrix import OVERRIDE_STR_BYTES, ImatrixData, imatrix_kvs
 from .progress import ProgressReporter, ensure
 from .quantize import (
-    OVERRIDE_STR_BYTES,
     Engine,
-    ImatrixData,
     QuantizeJob,
     QuantizeResult,
     QuantizeSettings,
     _command,
     _library_quantize,
     file_types,
-    imatrix_kvs,
 )
 from .sinks import appender
 from .source_pages import SourcePages
@@ -349,10 +348,10 @@ def _stream(plan: DirectPlan, outputs: _Outputs, bar: ProgressReporter, pages) -
     ready: queue.Queue = queue.Queue()
     free: queue.Queue = queue.Queue()
     for _ in range(2):  # double buffering, as convert does
-        free.put(_Scratch(CHUNK_BYTES))
+        free.put(Scratch(CHUNK_BYTES))
     stop = threading.Event()
     reader = threading.Thread(
-        target=_produce, args=(plan.tensors, ready, free, stop, pages),
+        target=produce_chunks, args=(plan.tensors, ready, free, stop, pages),
         name="direct-read", daemon=True,
     )  # fmt: skip
     quantizer = _Quantizer(plan.threads)
@@ -384,7 +383,7 @@ def _stream(plan: DirectPlan, outputs: _Outputs, bar: ProgressReporter, pages) -
         outputs.check()
     finally:
         stop.set()
-        free.put(_Scratch(0))
+        free.put(Scratch(0))
         reader.join()
         quantizer.close()
 

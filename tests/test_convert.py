@@ -251,6 +251,36 @@ def test_tokenizer_metadata(native, tiny_model: Path) -> None:
     assert kv["tokenizer.chat_template"][1] == template
 
 
+def test_special_token_ids_come_from_the_backbone_config(tmp_path: Path) -> None:
+    """A MOSS source folder's config.json is the MOSS config: the ids written come from the
+    backbone config given (through gguf-py's private SpecialVocab hook, see gguf_vocab)."""
+    from moss_gguf_cli.gguf_vocab import read_vocab
+    from moss_gguf_cli.tiny import tokenizer_source
+
+    for f in tokenizer_source().iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    (tmp_path / "config.json").write_text(json.dumps({"bos_token_id": 7, "eos_token_id": 8}))
+    vocab = read_vocab(tmp_path, {"bos_token_id": 151643, "eos_token_id": 9}, 151936)
+    ids = vocab.special.special_token_ids
+    assert ids["bos"] == 151643  # the backbone config's, not config.json's 7
+    assert ids["eos"] == 151645  # tokenizer_config's eos_token wins over either config
+
+
+@pytest.mark.parametrize("change", ["missing", "signature"])
+def test_gguf_without_the_special_vocab_hook_is_refused(change, monkeypatch) -> None:
+    """A gguf release that renames or reshapes the private methods we override is refused,
+    not used with the MOSS config's token ids."""
+    from moss_gguf_cli.gguf_vocab import read_vocab
+    from moss_gguf_cli.tiny import tokenizer_source
+
+    if change == "missing":
+        monkeypatch.delattr(gguf.SpecialVocab, "_try_load_from_config_json")
+    else:
+        monkeypatch.setattr(gguf.SpecialVocab, "_set_special_token", lambda self, typ, tid, n: 0)
+    with pytest.raises(ToolError, match="SpecialVocab"):
+        read_vocab(tokenizer_source(), {}, 151936)
+
+
 def test_native_from_source_and_backbone_identical(tiny_model, tiny_extracted, native, tmp_path):
     """From the source shards, the extract folder or the backbone folder: the same bytes."""
     a = convert(tiny_model, tmp_path / "src.gguf", outtype="f16")

@@ -27,11 +27,11 @@ from ..progress import ProgressReporter, ensure
 from .backbone import Backbone, BackboneSettings
 from .codec import FRAME_SAMPLES, SAMPLE_RATE, AudioCodec, loudness_normalize, read_reference
 from .config import ModelInfo, SynthConfig, find_model_info
-from .delay import DelayMachine, generated_segments
+from .delay import DelayMachine, StepPlan, generated_segments
 from .embeddings import EmbeddingTables
 from .heads import AudioHeads
 from .normalize import normalize_text
-from .prompt import PromptFields, build_prompt, load_tokenizer
+from .prompt import Prompt, PromptFields, build_prompt, load_tokenizer
 from .sampling import Sampler, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -204,7 +204,6 @@ class Synthesizer:
         if self.backbone is None or self.codec is None:
             raise InputError("the synthesizer is closed")
         progress = ensure(progress)
-        cfg, info = self.config, self.info
         profile = SynthProfile(heads_backend=self.heads.backend)
         t_start = time.perf_counter()
 
@@ -217,33 +216,64 @@ class Synthesizer:
             ambient_sound=ambient_sound,
             language=language,
         )
+        prompt = self._prompt(fields, reference, reference_codes, profile)
+        steps_allowed = self._steps_allowed(prompt.rows.shape[0], max_new_tokens)
+        rows = self._generate_rows(prompt, steps_allowed, seed, profile, progress)
+
+        segments = _complete_frames(generated_segments(rows, self.info), self.info.audio_pad_code)
+        if not segments:
+            raise OutputError(
+                f"the model produced no complete audio frame in {profile.steps} steps",
+                hint="raise --max-new-tokens or try another --seed",
+            )
+        waveform = self._decode(segments, profile, progress)
+        profile.total_s = time.perf_counter() - t_start
+        result = SynthResult(waveform=waveform, codes=segments, rows=rows, profile=profile)
+        self.last_profile, self.last_result = profile, result
+        return result
+
+    def _prompt(
+        self,
+        fields: PromptFields,
+        reference: str | Path | np.ndarray | None,
+        reference_codes: np.ndarray | None,
+        profile: SynthProfile,
+    ) -> Prompt:
+        """The prompt rows (the reference voice encoded first if given as audio), checked
+        against n_ctx and the embedding tables."""
         if reference is not None and reference_codes is None:
             t0 = time.perf_counter()
             reference_codes = self.encode_reference(reference)
             profile.reference_s = time.perf_counter() - t0
-        prompt = build_prompt(self.tokenizer, info, fields, reference_codes)
+        prompt = build_prompt(self.tokenizer, self.info, fields, reference_codes)
         rows_in = prompt.rows.shape[0]
         profile.prompt_rows, profile.reference_frames = rows_in, prompt.reference_frames
-        backbone = self.backbone
-        if rows_in >= backbone.n_ctx:
+        assert self.backbone is not None
+        if rows_in >= self.backbone.n_ctx:
             raise InputError(
-                f"the prompt is {rows_in} rows but n_ctx is {backbone.n_ctx}",
+                f"the prompt is {rows_in} rows but n_ctx is {self.backbone.n_ctx}",
                 hint="raise n_ctx in the config, or shorten the text / reference",
             )
         self.embeddings.check_ids(prompt.rows)
-        budget = cfg.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+        return prompt
+
+    def _steps_allowed(self, rows_in: int, max_new_tokens: int | None) -> int:
+        """The step budget: max_new_tokens (the config's by default), as far as n_ctx allows."""
+        assert self.backbone is not None
+        n_ctx = self.backbone.n_ctx
+        budget = self.config.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
         if budget < 1:
             raise InputError(f"max_new_tokens must be at least 1, got {budget}")
-        steps_allowed = min(budget, backbone.n_ctx - rows_in)
+        steps_allowed = min(budget, n_ctx - rows_in)
         if steps_allowed < budget:
             log.warning(
-                "n_ctx %d leaves room for %d of the %d new tokens",
-                backbone.n_ctx,
-                steps_allowed,
-                budget,
+                "n_ctx %d leaves room for %d of the %d new tokens", n_ctx, steps_allowed, budget
             )
+        return steps_allowed
 
-        sampler = Sampler(
+    def _sampler(self, seed: int | None) -> Sampler:
+        cfg = self.config
+        return Sampler(
             SamplingParams(cfg.text_temperature, cfg.text_top_p, cfg.text_top_k),
             SamplingParams(
                 cfg.audio_temperature,
@@ -253,6 +283,20 @@ class Synthesizer:
             ),
             seed=seed,
         )
+
+    def _generate_rows(
+        self,
+        prompt: Prompt,
+        steps_allowed: int,
+        seed: int | None,
+        profile: SynthProfile,
+        progress: ProgressReporter,
+    ) -> np.ndarray:
+        """Prefill, then one row per step until the model ends or the budget is spent; the
+        generated rows (G, 1 + n_vq). Timings and the step count go to ``profile``."""
+        backbone, info = self.backbone, self.info
+        assert backbone is not None
+        sampler = self._sampler(seed)
         machine = DelayMachine(info, prompt.rows)
         generated = np.empty((steps_allowed, 1 + info.n_vq), dtype=np.int64)
         embed = np.empty(self.embeddings.hidden, dtype=np.float32)
@@ -268,21 +312,9 @@ class Synthesizer:
         clock = time.perf_counter
         try:
             for count in range(1, steps_allowed + 1):
-                t0 = clock()
-                plan = machine.plan()
-                text_id = machine.choose_text(logits, sampler, plan)
-                codes = None
-                t_heads = 0.0
-                if plan.needs_audio:
-                    t1 = clock()
-                    audio_logits = self.heads.logits(hidden, plan.audio_start, plan.audio_stop)
-                    t_heads = clock() - t1
-                    codes = machine.choose_audio(audio_logits, sampler, plan)
-                row = machine.advance(text_id, codes, plan)
+                row, plan = self._next_row(machine, sampler, hidden, logits, profile)
                 generated[count - 1] = row
                 t1 = clock()
-                profile.heads_s += t_heads
-                profile.sampling_s += t1 - t0 - t_heads
                 if plan.audio_start == 0 and plan.audio_stop > 0:
                     frames += 1  # codebook 0 sampled: a new frame begins
                 progress.advance(
@@ -303,14 +335,39 @@ class Synthesizer:
             progress.finish("synth")
         profile.steps = count
         profile.stopped = machine.done
-        rows = generated[:count]
+        return generated[:count]
 
-        segments = _complete_frames(generated_segments(rows, info), info.audio_pad_code)
-        if not segments:
-            raise OutputError(
-                f"the model produced no complete audio frame in {count} steps",
-                hint="raise --max-new-tokens or try another --seed",
-            )
+    def _next_row(
+        self,
+        machine: DelayMachine,
+        sampler: Sampler,
+        hidden: np.ndarray,
+        logits: np.ndarray,
+        profile: SynthProfile,
+    ) -> tuple[np.ndarray, StepPlan]:
+        """One step's row: the text id, and the audio codes where the delay pattern samples
+        them (only then do the audio heads run). Heads and sampling time go to ``profile``."""
+        clock = time.perf_counter
+        t0 = clock()
+        plan = machine.plan()
+        text_id = machine.choose_text(logits, sampler, plan)
+        codes = None
+        t_heads = 0.0
+        if plan.needs_audio:
+            t1 = clock()
+            audio_logits = self.heads.logits(hidden, plan.audio_start, plan.audio_stop)
+            t_heads = clock() - t1
+            codes = machine.choose_audio(audio_logits, sampler, plan)
+        row = machine.advance(text_id, codes, plan)
+        profile.heads_s += t_heads
+        profile.sampling_s += clock() - t0 - t_heads
+        return row, plan
+
+    def _decode(
+        self, segments: list[np.ndarray], profile: SynthProfile, progress: ProgressReporter
+    ) -> np.ndarray:
+        """The segments' audio, one after the other, loudness-normalised."""
+        assert self.codec is not None
         t0 = time.perf_counter()
         progress.start("decode", "decoding audio", total=len(segments), unit="segments")
         pieces = []
@@ -322,10 +379,7 @@ class Synthesizer:
         profile.decode_s = time.perf_counter() - t0
         profile.frames = int(sum(s.shape[0] for s in segments))
         profile.segments = len(segments)
-        profile.total_s = time.perf_counter() - t_start
-        result = SynthResult(waveform=waveform, codes=segments, rows=rows, profile=profile)
-        self.last_profile, self.last_result = profile, result
-        return result
+        return waveform
 
 
 def _complete_frames(segments: list[np.ndarray], pad: int) -> list[np.ndarray]:
