@@ -239,6 +239,13 @@ def test_a_cached_crash_stops_all_before_anything_is_written(tmp_path, monkeypat
     assert rows["llama.cpp runtime"]["status"] == "fail"
     assert dr.PORTABLE_BUILD_FIX in rows["llama.cpp runtime"]["fix"]
 
+    # --recheck, as the hint says: the probe runs for real again, and its pass replaces the
+    # recorded crash
+    again = cli("doctor", "--recheck", "--json", env=env)
+    row = {r["name"]: r for r in json.loads(again.stdout)["rows"]}["llama.cpp runtime"]
+    assert row["status"] == "pass" and "cached" not in row["detail"], row
+    assert dr.read_cached_probe(crashed.key).status == dr.PASS
+
 
 # ----------------------------------------------------------------------------- disk
 
