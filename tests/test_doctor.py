@@ -239,6 +239,13 @@ def test_a_cached_crash_stops_all_before_anything_is_written(tmp_path, monkeypat
     assert rows["llama.cpp runtime"]["status"] == "fail"
     assert dr.PORTABLE_BUILD_FIX in rows["llama.cpp runtime"]["fix"]
 
+    # --recheck, as the hint says: the probe runs for real again, and its pass replaces the
+    # recorded crash
+    again = cli("doctor", "--recheck", "--json", env=env)
+    row = {r["name"]: r for r in json.loads(again.stdout)["rows"]}["llama.cpp runtime"]
+    assert row["status"] == "pass" and "cached" not in row["detail"], row
+    assert dr.read_cached_probe(crashed.key).status == dr.PASS
+
 
 # ----------------------------------------------------------------------------- disk
 
@@ -259,15 +266,21 @@ def test_disk_plan_is_all_s_own_plan(tiny_model: Path) -> None:
     }
     for quants in (("Q4_K_M",), ("Q8_0", "Q6_K")):
         settings = AllSettings(model="builtin:tiny", output=Path("w"), quants=list(quants))
-        expected = plan_bytes(tiny_model, settings)
-        assert abs(dr.model_plan(tiny, quants).output - expected) <= len(quants)
+        for direct in (False, True):
+            expected = plan_bytes(tiny_model, settings, direct)
+            assert abs(dr.model_plan(tiny, quants, direct).output - expected) <= len(quants)
     # the real model, against docs/ARCHITECTURE.md §1's sizes
-    real = dr.real_model_plan()
+    real = dr.real_model_plan(direct=False)
     assert 8.0e9 < real.backbone_params < 8.5e9
     assert 15e9 < real.intermediate < 17e9  # "f16 GGUF ≈ 16 GB"
     assert 4.5e9 < real.quantized["Q4_K_M"] < 5.2e9  # "Q4_K_M ≈ 4.8 GB"
     assert 15e9 < real.source < 18e9  # bf16 checkpoint
     assert real.output == real.tables + real.intermediate + real.quantized["Q4_K_M"] + (64 << 20)
+    # the direct engine (what `all` picks where llama-cpp-python's libggml loads, as here)
+    # writes no f16 GGUF: doctor plans without it
+    direct = dr.real_model_plan()
+    assert direct.intermediate == 0 and direct.output == real.output - real.intermediate
+    assert "no f16 GGUF (the direct engine)" in direct.describe()
 
 
 def test_preflight_stops_all_on_a_small_disk(small_disk: Path) -> None:

@@ -1,4 +1,5 @@
-"""The package's shape: no import cycle between its modules (imports inside functions too)."""
+"""The package's shape: no import cycle between its modules (imports inside functions too),
+and no function or module too long to hold in one's head (docs/ARCHITECTURE.md, rules)."""
 
 from __future__ import annotations
 
@@ -69,3 +70,46 @@ def test_no_import_cycle():
 def test_the_cycle_finder_finds_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+MAX_BODY_LINES = 80
+MAX_MODULE_LINES = 800
+LONG_MODULE_MARK = "# long module:"  # its first lines say why it is not split
+
+
+def long_functions(source: str) -> list[tuple[str, int]]:
+    """(name, body lines) of every function whose body is over MAX_BODY_LINES. The body is
+    measured from its first statement: a Typer command's signature is its option list."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            lines = node.end_lineno - node.body[0].lineno + 1
+            if lines > MAX_BODY_LINES:
+                out.append((node.name, lines))
+    return out
+
+
+def too_long(source: str) -> bool:
+    head = source.splitlines()[:12]
+    return source.count("\n") > MAX_MODULE_LINES and not any(
+        line.startswith(LONG_MODULE_MARK) for line in head
+    )
+
+
+def test_functions_and_modules_stay_short():
+    found = {}
+    for name, path in modules().items():
+        source = path.read_text(encoding="utf-8")
+        if too_long(source):
+            found[name] = f"{source.count(chr(10))} lines"
+        for func, lines in long_functions(source):
+            found[f"{name}.{func}"] = f"body of {lines} lines"
+    assert not found, found
+
+
+def test_the_length_checks_find_long_code():
+    long_body = "def f():\n" + "    x = 1\n" * (MAX_BODY_LINES + 1)
+    assert long_functions(long_body) == [("f", MAX_BODY_LINES + 1)]
+    assert long_functions("def f(\n" + "    a=1,\n" * 100 + "):\n    pass\n") == []
+    assert too_long("x = 1\n" * (MAX_MODULE_LINES + 1))
+    assert not too_long(f"{LONG_MODULE_MARK} one table\n" + "x = 1\n" * (MAX_MODULE_LINES + 1))

@@ -335,8 +335,8 @@ def test_cli_text_from_stdin_and_file(weights, tmp_path):
     assert result.exit_code == 0, result.output
     (tmp_path / "t.txt").write_text("Hi", encoding="utf-8")
     from_file = tmp_path / "file.wav"
-    args = ["--text-file", str(tmp_path / "t.txt"), "-o", str(from_file), "--seed", "2", "-q"]
-    result = _synth(weights, *args)
+    result = _synth(weights, "--text-file", str(tmp_path / "t.txt"), "-o", str(from_file),
+                    "--seed", "2", "-q")  # fmt: skip
     assert result.exit_code == 0, result.output
     assert from_stdin.read_bytes() == from_file.read_bytes()
 

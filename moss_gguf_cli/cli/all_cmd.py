@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ..audio_tokenizer import DEFAULT_REPO, parse_flag
 from ..errors import UsageError
-from ..pipeline import AllSettings, run_all
+from ..pipeline import AllResult, AllSettings, run_all
 from ..recipes import Recipe, load_recipe
 from ..staging import human_bytes
 from ._command import command
@@ -127,28 +127,7 @@ def all_command(
     with progress_for(mode) as bar:
         result = run_all(settings, progress=bar)
     if not quiet:
-        steps = Table(title="moss-gguf all", title_justify="left")
-        for col in ("step", "status", "time", "detail"):
-            steps.add_column(col)
-        for s in result.steps:
-            steps.add_row(s.name, s.status, f"{s.seconds:.1f} s", s.detail)
-        stdout.print(steps)
-        files = Table(title=f"{result.output}", title_justify="left")
-        files.add_column("file")
-        files.add_column("size", justify="right")
-        for name in (*[g.name for g in result.ggufs], "embeddings/", "lm_heads/", "tokenizer/"):
-            size = sum(s for p, s in result.files if p == name or p.startswith(name))
-            files.add_row(name, human_bytes(size))
-        stdout.print(files)
-        for note in result.notes:
-            info(mode, f"note: {note}")
-        if result.intermediate:
-            info(mode, f"intermediate files kept in {result.intermediate}")
-        stdout.print(f"synth config: {result.config}")
-        if result.speaks:
-            stdout.print(
-                f'try: moss-gguf synth --config {result.config} --text "Hello" --output hello.wav'
-            )
+        _summary(result, mode)
     else:
         typer.echo(str(result.config))
     if not result.speaks:
@@ -157,4 +136,30 @@ def all_command(
             "no audio tokenizer: this folder cannot speak yet; add one with: "
             f"moss-gguf layout --output {result.output} --audio-tokenizer {DEFAULT_REPO}",
             soft_wrap=True,
+        )
+
+
+def _summary(result: AllResult, mode: OutputMode) -> None:
+    """The steps, the folder's files and what to run next."""
+    steps = Table(title="moss-gguf all", title_justify="left")
+    for col in ("step", "status", "time", "detail"):
+        steps.add_column(col)
+    for s in result.steps:
+        steps.add_row(s.name, s.status, f"{s.seconds:.1f} s", s.detail)
+    stdout.print(steps)
+    files = Table(title=f"{result.output}", title_justify="left")
+    files.add_column("file")
+    files.add_column("size", justify="right")
+    for name in (*[g.name for g in result.ggufs], "embeddings/", "lm_heads/", "tokenizer/"):
+        size = sum(s for p, s in result.files if p == name or p.startswith(name))
+        files.add_row(name, human_bytes(size))
+    stdout.print(files)
+    for note in result.notes:
+        info(mode, f"note: {note}")
+    if result.intermediate:
+        info(mode, f"intermediate files kept in {result.intermediate}")
+    stdout.print(f"synth config: {result.config}")
+    if result.speaks:
+        stdout.print(
+            f'try: moss-gguf synth --config {result.config} --text "Hello" --output hello.wav'
         )

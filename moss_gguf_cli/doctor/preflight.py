@@ -43,26 +43,31 @@ class DiskPlan:
 
     backbone_params: int
     source: int  # bf16 checkpoint in the Hub cache
-    intermediate: int  # f16 GGUF in the work folder
+    intermediate: int  # f16 GGUF in the work folder (0: the direct engine writes none)
     quantized: dict[str, int]  # per quant type
     tables: int  # f16 .npy embeddings and heads
     margin: int = 64 << 20
 
     @property
     def output(self) -> int:
-        """Peak bytes beside --output (the work folder holds the intermediate until the end)."""
+        """Peak bytes beside --output (the work folder holds any intermediate until quantize
+        is done)."""
         return self.tables + self.intermediate + sum(self.quantized.values()) + self.margin
 
     def describe(self) -> str:
         quants = " + ".join(f"{q} {human_bytes(b)}" for q, b in self.quantized.items())
-        return (
-            f"tables {human_bytes(self.tables)} + f16 GGUF {human_bytes(self.intermediate)} + "
-            f"{quants}"
-        )
+        between = (
+            f"f16 GGUF {human_bytes(self.intermediate)} + " if self.intermediate
+            else "no f16 GGUF (the direct engine) + "
+        )  # fmt: skip
+        return f"tables {human_bytes(self.tables)} + {between}{quants}"
 
 
-def model_plan(dims: dict[str, Any], quants: tuple[str, ...] = ("Q4_K_M",)) -> DiskPlan:
-    """Bytes of each part `all` writes for a MOSS model of these dims (see REAL_MODEL)."""
+def model_plan(
+    dims: dict[str, Any], quants: tuple[str, ...] = ("Q4_K_M",), direct: bool = False
+) -> DiskPlan:
+    """Bytes of each part `all` writes for a MOSS model of these dims (see REAL_MODEL);
+    direct: quantized straight from the checkpoint, with no f16 GGUF between."""
     from ..quantize import APPROX_BPW  # the bits per weight `all` plans its own disk with
 
     h, f, d = dims["hidden"], dims["intermediate"], dims["head_dim"]
@@ -74,15 +79,22 @@ def model_plan(dims: dict[str, Any], quants: tuple[str, ...] = ("Q4_K_M",)) -> D
     return DiskPlan(
         backbone_params=backbone,
         source=2 * (backbone + audio),
-        intermediate=2 * backbone,
+        intermediate=0 if direct else 2 * backbone,
         quantized={t: int(backbone * APPROX_BPW.get(t.upper(), 16) / 8) for t in quants},
         tables=2 * (2 * text + audio),
     )
 
 
-def real_model_plan(quants: tuple[str, ...] = ("Q4_K_M",)) -> DiskPlan:
-    """What `all --model OpenMOSS-Team/MOSS-TTS` needs, from the dims of docs/ARCHITECTURE.md §1."""
-    return model_plan(REAL_MODEL, quants)
+def real_model_plan(
+    quants: tuple[str, ...] = ("Q4_K_M",), direct: bool | None = None
+) -> DiskPlan:
+    """What `all --model OpenMOSS-Team/MOSS-TTS` needs, from the dims of docs/ARCHITECTURE.md §1;
+    direct None: with the engine `all` would pick here (direct where it runs)."""
+    if direct is None:
+        from ..quantize_direct import available
+
+        direct = available() is None
+    return model_plan(REAL_MODEL, quants, direct)
 
 
 def _existing(path: Path) -> Path:
