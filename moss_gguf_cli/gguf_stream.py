@@ -119,19 +119,24 @@ def _bf16_peak_bits(raw: np.ndarray) -> int:
     return max(pos if pos >= 0 else 0, neg - 0x8000 if neg >= 0x8000 else 0)
 
 
-def _convert_rows(t: GGUFTensor, raw: np.ndarray, s: Scratch) -> np.ndarray:
+def check_bf16_rows(t: GGUFTensor, raw: np.ndarray) -> None:
+    """Refuse NaN/Inf, and values that overflow t's f16, in rows of bf16 bit patterns."""
+    top = _bf16_peak_bits(raw)  # finds NaN/Inf and f16 overflow alike
+    if top >= 0x7F80:
+        raise _nonfinite(t.source)
+    if t.qtype == QT.F16 and top >= 0x4780:  # bf16 65536 and up are inf in f16; 65280 is not
+        peak = float(np.left_shift(np.uint32(top), 16).view(np.float32))
+        raise _f16_overflow(t, peak)
+
+
+def convert_rows(t: GGUFTensor, raw: np.ndarray, s: Scratch) -> np.ndarray:
     """Turn rows in storage dtype into the bytes of t.qtype; refuse NaN/Inf and f16 overflow."""
     src, q = t.source, t.qtype
     if src.dtype == "BF16":
-        top = _bf16_peak_bits(raw)  # finds NaN/Inf and f16 overflow alike
-        if top >= 0x7F80:
-            raise _nonfinite(src)
+        check_bf16_rows(t, raw)
         if q == QT.BF16:
             return raw  # bf16 → f32 → bf16 is the identity for finite values
         if q == QT.F16:
-            if top >= 0x4780:  # bf16 65536 and up round to inf in f16; 65280 is the one below
-                peak = float(np.left_shift(np.uint32(top), 16).view(np.float32))
-                raise _f16_overflow(t, peak)
             # ml_dtypes casts bf16 → f16 in one step, exactly as numpy's f32 → f16 rounds
             import ml_dtypes
 
@@ -172,8 +177,11 @@ def produce_chunks(
     free: queue.Queue,
     stop: threading.Event,
     pages: SourcePages | None = None,
+    convert: Callable[[GGUFTensor, np.ndarray, Scratch], np.ndarray] | None = None,
 ) -> None:
-    """Read and convert chunk after chunk; hand each to the writer through `ready`."""
+    """Read and convert chunk after chunk (with `convert`, default the intermediate's
+    type); hand each to the writer through `ready`."""
+    convert = convert or convert_rows
     try:
         for t in tensors:
             src = t.source
@@ -194,7 +202,7 @@ def produce_chunks(
                     if on_read is not None:
                         on_read((start + n) * row_bytes)
                     raw = np.frombuffer(view, dtype=SOURCE_DTYPES[src.dtype])
-                    data = _convert_rows(t, raw.reshape(n, -1), scratch)
+                    data = convert(t, raw.reshape(n, -1), scratch)
                     ready.put(("data", np.ascontiguousarray(data), scratch, n * row_bytes))
             ready.put(("end", t))
         ready.put(("done",))

@@ -16,6 +16,7 @@ The tests compare every byte with llama-quantize's output.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import queue
@@ -27,12 +28,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import gguf
+import ml_dtypes
 import numpy as np
 
 from . import ggml_lib
 from . import llama_cpp as lc
+from .digests import remember_sha256
 from .errors import InputError, ToolError, UsageError
-from .gguf_stream import CHUNK_BYTES, GGUFTensor, Scratch, produce_chunks
+from .gguf_stream import (
+    CHUNK_BYTES,
+    GGUFTensor,
+    Scratch,
+    check_bf16_rows,
+    convert_rows,
+    produce_chunks,
+)
 from .gguf_write import GGUFPlan, write_header
 from .holds import hold
 from .imatrix import OVERRIDE_STR_BYTES, ImatrixData, imatrix_kvs
@@ -227,39 +237,92 @@ def _intermediate(
 
 
 class _Quantizer:
-    """Quantizes row blocks of one chunk on a pool of threads (ctypes frees the GIL)."""
+    """Widens, quantizes and checks a chunk's rows on a pool of threads, one row slice per
+    thread and every output type per slice (ctypes and numpy's casts free the GIL), as
+    llama-quantize's workers each quantize and validate their own rows."""
 
     def __init__(self, threads: int):
         self.threads = threads
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="quantize")
 
-    def run(self, type_id: int, f32: np.ndarray, imatrix: np.ndarray | None) -> np.ndarray:
-        rows, cols = f32.shape
-        out = np.empty(rows * ggml_lib.row_size(type_id, cols), dtype=np.uint8)
+    def submit(self, plan: DirectPlan, t: GGUFTensor, data: np.ndarray, imatrix, slot: Scratch):
+        """Start quantizing data (rows of t, in the intermediate's type) for every target that
+        changes its type; returns (futures, {target index: quantized bytes})."""
+        rows, cols = data.shape
+        types = {i: target.types[t.name] for i, target in enumerate(plan.targets)}
+        jobs = [(i, type_id) for i, type_id in types.items() if type_id != int(t.qtype)]
+        if not jobs:
+            return [], {}
+        sizes = [rows * ggml_lib.row_size(type_id, cols) for _, type_id in jobs]
+        buf = slot.take(np.uint8, (sum(sizes),))
+        outs, at = {}, 0
+        for (i, _), n in zip(jobs, sizes, strict=True):
+            outs[i] = buf[at:at + n]
+            at += n
+        wide = data if t.qtype == _QT.F32 else slot.take(np.float32, (rows, cols))
+        work = [(type_id, outs[i]) for i, type_id in jobs]
         k = max(1, min(self.threads, rows))
-        cuts = [rows * i // k for i in range(k + 1)]
-        parts = [
-            self.pool.submit(ggml_lib.quantize_rows, type_id, f32, out, a, b, imatrix)
+        cuts = [rows * j // k for j in range(k + 1)]
+        futures = [
+            self.pool.submit(_quantize_slice, t.qtype, data, wide, work, a, b, imatrix)
             for a, b in zip(cuts, cuts[1:], strict=False)
             if b > a
         ]
-        if sum(p.result() for p in parts) != out.nbytes:
-            raise AssertionError("ggml quantized a different number of bytes")
-        if not ggml_lib.valid_rows(type_id, out):
-            raise ToolError(f"ggml's check of the quantized {_QT(type_id).name} data failed")
-        return out
+        return futures, outs
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
 
 
-def _widen(data: np.ndarray, qtype: _QT) -> np.ndarray:
-    """float32 of the intermediate's values, as llama-quantize dequantizes them (exact)."""
-    if qtype == _QT.F32:
-        return np.ascontiguousarray(data, dtype=np.float32)
-    if qtype == _QT.BF16:
-        return np.left_shift(data.view(np.uint16).astype(np.uint32), 16).view(np.float32)
-    return data.astype(np.float32)
+def _quantize_slice(qtype, data: np.ndarray, wide: np.ndarray, work, a: int, b: int, imatrix):
+    """Rows a..b: float32 as llama-quantize dequantizes them (exact), then every type."""
+    if wide is not data:
+        _widen_into(data[a:b], wide[a:b], qtype)
+    cols = data.shape[1]
+    for type_id, out in work:
+        size = ggml_lib.row_size(type_id, cols)
+        if ggml_lib.quantize_rows(type_id, wide, out, a, b, imatrix) != (b - a) * size:
+            raise AssertionError("ggml quantized a different number of bytes")
+        if not ggml_lib.valid_rows(type_id, out[a * size:b * size]):
+            raise ToolError(f"ggml's check of the quantized {_QT(type_id).name} data failed")
+
+
+def _read_rows(t: GGUFTensor, raw: np.ndarray, scratch: Scratch) -> np.ndarray:
+    """The reader's part: bf16 rows bound for an f16 intermediate stay bf16 bit patterns
+    (checked as convert checks them); the workers round them as they widen."""
+    if t.source.dtype == "BF16" and t.qtype == _QT.F16:
+        check_bf16_rows(t, raw)
+        return raw
+    return convert_rows(t, raw, scratch)
+
+
+_F16_NORMAL_BF16 = 0x3880  # the bf16 magnitude bits of 2**-14, float16's smallest normal
+
+
+def _widen_into(src: np.ndarray, dst: np.ndarray, qtype: _QT) -> None:
+    """float32 of the intermediate's values, as llama-quantize dequantizes them (exact).
+
+    bf16 bits bound for f16: every bf16 value in float16's normal range is exact in it, so
+    only the magnitudes below 2**-14 (well under 1% of weights) go through the f16
+    rounding; the rest is a shift. Same values as bf16 → f16 → f32, at a third the cost."""
+    if src.dtype == np.uint16:
+        np.left_shift(src, 16, out=dst.view(np.uint32), dtype=np.uint32)
+        if qtype == _QT.F16:
+            small = np.flatnonzero((src & 0x7FFF) < _F16_NORMAL_BF16)
+            if small.size:
+                tiny = src.reshape(-1)[small].view(ml_dtypes.bfloat16).astype(np.float16)
+                dst.reshape(-1)[small] = tiny.astype(np.float32)
+    else:
+        np.copyto(dst, src, casting="unsafe")
+
+
+def _as_intermediate(data: np.ndarray, t: GGUFTensor) -> np.ndarray:
+    """The bytes the f16/bf16 intermediate holds for these rows (for a type that stays)."""
+    if t.qtype == _QT.F16 and data.dtype == np.uint16:
+        out = np.empty(data.shape, np.float16)
+        np.copyto(out, data.view(ml_dtypes.bfloat16), casting="unsafe")
+        return out
+    return np.ascontiguousarray(data)
 
 
 def _imatrix_for(plan: DirectPlan, t: GGUFTensor) -> np.ndarray | None:
@@ -288,14 +351,18 @@ class _Outputs:
         self.plan = plan
         self.files = [stack.enter_context(open(p, "w+b")) for p in paths]
         self.sinks: list = []
+        # each appended output is hashed as it is written: layout's manifest reuses the digest
+        self.digests: list = []
         for target, fh, path in zip(plan.targets, self.files, paths, strict=True):
             fh.write(target.header.meta)
             if target.positional:
                 fh.truncate(target.size)
                 self.sinks.append(None)
+                self.digests.append(None)
             else:
                 sink = stack.enter_context(appender(fh, path, len(target.header.meta), target.size))
                 self.sinks.append(sink)
+                self.digests.append(hashlib.sha256(target.header.meta))
 
     def write(self, i: int, name: str, done: int, data: np.ndarray) -> None:
         target = self.plan.targets[i]
@@ -304,11 +371,14 @@ class _Outputs:
             os.pwrite(self.files[i].fileno(), memoryview(data).cast("B"), at)
         else:
             self.sinks[i].write(data)
+            self.digests[i].update(memoryview(data).cast("B"))
 
     def pad(self, i: int, name: str) -> None:
         if self.sinks[i] is not None:
             n = self.plan.targets[i].header.sizes[name]
-            self.sinks[i].write(b"\0" * (-n % ALIGNMENT))
+            zeros = b"\0" * (-n % ALIGNMENT)
+            self.sinks[i].write(zeros)
+            self.digests[i].update(zeros)
 
     def check(self) -> None:
         for target, sink in zip(self.plan.targets, self.sinks, strict=True):
@@ -337,24 +407,67 @@ def run_direct(
             with ExitStack() as files:
                 outputs = _Outputs(plan, paths, files)
                 _stream(plan, outputs, bar, pages)
+        for target, digest in zip(plan.targets, outputs.digests, strict=True):
+            if digest is not None:
+                remember_sha256(target.output, digest.hexdigest())
     finally:
         bar.finish("quantize:tensors")
         bar.finish("quantize:bytes")
     return _results(plan, time.perf_counter() - started)
 
 
+# chunks in flight beyond the one being written: the pool quantizes the next chunk while
+# this thread writes the last, so neither waits on the other
+_IN_FLIGHT = 1
+
+
+@dataclass
+class _Pending:
+    """A submitted chunk (or, with futures None, a tensor's end) waiting to be written."""
+
+    t: GGUFTensor
+    row0: int = 0
+    data: np.ndarray | None = None
+    scratch: Scratch | None = None
+    src_bytes: int = 0
+    futures: list | None = None
+    outs: dict = field(default_factory=dict)
+    slot: Scratch | None = None
+
+
 def _stream(plan: DirectPlan, outputs: _Outputs, bar: ProgressReporter, pages) -> None:
-    """The pass itself: a reader thread reads and rounds, this thread quantizes and writes."""
+    """The pass itself: a reader thread reads and rounds, the pool quantizes, this thread
+    writes what the pool finished while the pool works on the next chunk."""
     ready: queue.Queue = queue.Queue()
     free: queue.Queue = queue.Queue()
-    for _ in range(2):  # double buffering, as convert does
+    for _ in range(_IN_FLIGHT + 3):  # in flight, being written, being read, ready
         free.put(Scratch(CHUNK_BYTES))
+    slots = [Scratch(0) for _ in range(_IN_FLIGHT + 1)]
     stop = threading.Event()
     reader = threading.Thread(
-        target=produce_chunks, args=(plan.tensors, ready, free, stop, pages),
+        target=produce_chunks, args=(plan.tensors, ready, free, stop, pages, _read_rows),
         name="direct-read", daemon=True,
     )  # fmt: skip
     quantizer = _Quantizer(plan.threads)
+    pending: list[_Pending] = []
+
+    def flush(keep: int) -> None:
+        """Write what is pending, in order, until only `keep` chunks are left in flight."""
+        while sum(p.futures is not None for p in pending) > keep or (
+            pending and pending[0].futures is None
+        ):
+            p = pending.pop(0)
+            if p.futures is None:
+                for i in range(len(plan.targets)):
+                    outputs.pad(i, p.t.name)
+                continue
+            for f in p.futures:
+                f.result()
+            _write_chunk(plan, outputs, p)
+            free.put(p.scratch)
+            slots.append(p.slot)
+            bar.advance("quantize:bytes", p.src_bytes)
+
     reader.start()
     try:
         t: GGUFTensor | None = None
@@ -363,23 +476,25 @@ def _stream(plan: DirectPlan, outputs: _Outputs, bar: ProgressReporter, pages) -
             msg = ready.get()
             if msg[0] == "data":
                 _, data, scratch, src_bytes = msg
-                _write_chunk(plan, outputs, quantizer, t, done, data, imatrix)
+                slot = slots.pop()
+                futures, outs = quantizer.submit(plan, t, data, imatrix, slot)
+                pending.append(_Pending(t, done, data, scratch, src_bytes, futures, outs, slot))
                 done += data.shape[0]
-                free.put(scratch)
-                bar.advance("quantize:bytes", src_bytes)
+                flush(_IN_FLIGHT)
             elif msg[0] == "start":
                 t, done = msg[1], 0
                 imatrix = _imatrix_for(plan, t)
                 bar.advance("quantize:tensors", 0, description=t.name)
             elif msg[0] == "end":
-                for i in range(len(plan.targets)):
-                    outputs.pad(i, t.name)
+                pending.append(_Pending(t))  # its padding follows its last chunk
+                flush(_IN_FLIGHT)
                 bar.advance("quantize:tensors", 1, description=t.name)
                 hold("quantize")
             elif msg[0] == "error":
                 raise msg[1]
             else:
                 break
+        flush(0)
         outputs.check()
     finally:
         stop.set()
@@ -388,20 +503,16 @@ def _stream(plan: DirectPlan, outputs: _Outputs, bar: ProgressReporter, pages) -
         quantizer.close()
 
 
-def _write_chunk(plan, outputs, quantizer, t, row0, data, imatrix) -> None:
-    """Rows row0.. of tensor t, in the intermediate's type, into every output."""
-    wide = None
-    for i, target in enumerate(plan.targets):
-        type_id = target.types[t.name]
-        if type_id == int(t.qtype):
-            out = data  # llama-quantize copies a tensor whose type stays
-            at = row0 * data.strides[0]
+def _write_chunk(plan: DirectPlan, outputs: _Outputs, p: _Pending) -> None:
+    """Rows p.row0.. of tensor p.t into every output: quantized, or copied as llama-quantize
+    copies a tensor whose type stays."""
+    for i in range(len(plan.targets)):
+        if i in p.outs:
+            at = p.row0 * ggml_lib.row_size(plan.targets[i].types[p.t.name], p.data.shape[1])
+            outputs.write(i, p.t.name, at, p.outs[i])
         else:
-            if wide is None:
-                wide = _widen(data, t.qtype)
-            out = quantizer.run(type_id, wide, imatrix)
-            at = row0 * ggml_lib.row_size(type_id, data.shape[1])
-        outputs.write(i, t.name, at, np.ascontiguousarray(out))
+            rows = _as_intermediate(p.data, p.t)
+            outputs.write(i, p.t.name, p.row0 * rows.strides[0], rows)
 
 
 def _results(plan: DirectPlan, seconds: float) -> list[QuantizeResult]:

@@ -134,6 +134,15 @@ def test_thread_count_does_not_change_a_byte(tiny_model, tmp_path):
     assert filecmp.cmp(one, three, shallow=False)
 
 
+def test_the_digest_taken_while_writing_is_the_files(tiny_model, tmp_path):
+    """layout's manifest reuses it instead of hashing the GGUF again: it must be exact."""
+    from moss_gguf_cli.digests import known_sha256, sha256_file
+
+    results = direct(tiny_model, tmp_path, ["Q4_K_M", "Q8_0"]).results
+    for r in results:
+        assert known_sha256(r.output) == sha256_file(r.output)
+
+
 def _rchar() -> int:
     with open("/proc/self/io") as fh:
         return next(int(line.split()[1]) for line in fh if line.startswith("rchar:"))
