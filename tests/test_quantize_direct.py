@@ -191,3 +191,18 @@ def test_bf16_rounding_byte_identical(tiny_model, quantize_bin, tmp_path):
     got = quantize_checkpoint(tiny_model, outputs, "bf16", QuantizeSettings(), None, tmp_path)
     assert got.outtype == "bf16"
     assert filecmp.cmp(got.results[0].output, ref, shallow=False)
+
+
+def test_every_bf16_value_widens_as_the_f16_intermediate_holds_it():
+    """The workers' shortcut (a shift, f16 rounding only below 2**-14) against the chain's
+    bf16 → f16 → f32, for every finite bf16 pattern within float16's range."""
+    import ml_dtypes
+
+    from moss_gguf_cli.quantize_direct import _QT, _widen_into
+
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    bits = bits[(bits & 0x7FFF) < 0x4780]  # the reader refuses the rest (inf in f16, NaN)
+    chain = bits.view(ml_dtypes.bfloat16).astype(np.float16).astype(np.float32)
+    got = np.empty(bits.shape, np.float32)
+    _widen_into(bits, got, _QT.F16)
+    assert np.array_equal(got.view(np.uint32), chain.view(np.uint32))
