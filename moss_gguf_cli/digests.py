@@ -17,6 +17,7 @@ from pathlib import Path
 
 _DIGESTS: dict[tuple[int, int, int, int], str] = {}
 _TABLES: dict[tuple[int, int, int, int], TableFacts] = {}
+_CHECKED_GGUFS: set[tuple[int, int, int, int]] = set()
 
 
 @dataclass(frozen=True)
@@ -80,3 +81,20 @@ def known_table(path: Path) -> tuple[TableFacts, str] | None:
         return None
     facts, digest = _TABLES.get(key), _DIGESTS.get(key)
     return (facts, digest) if facts is not None and digest is not None else None
+
+
+def remember_checked_gguf(path: Path, digest: str) -> None:
+    """Record a finished GGUF whose writer checked every value it wrote finite (ggml's row
+    validator on the quantized blocks, the source's own check on the rest)."""
+    key = _identity(path)
+    _DIGESTS[key] = digest
+    _CHECKED_GGUFS.add(key)
+
+
+def known_checked_gguf(path: Path) -> str | None:
+    """The digest of this very GGUF if this process wrote and checked it, else None."""
+    try:
+        key = _identity(path)
+    except OSError:
+        return None
+    return _DIGESTS.get(key) if key in _CHECKED_GGUFS else None

@@ -33,7 +33,7 @@ import numpy as np
 
 from . import ggml_lib
 from . import llama_cpp as lc
-from .digests import remember_sha256
+from .digests import remember_checked_gguf
 from .errors import InputError, ToolError, UsageError
 from .gguf_stream import (
     CHUNK_BYTES,
@@ -408,8 +408,8 @@ def run_direct(
                 outputs = _Outputs(plan, paths, files)
                 _stream(plan, outputs, bar, pages)
         for target, digest in zip(plan.targets, outputs.digests, strict=True):
-            if digest is not None:
-                remember_sha256(target.output, digest.hexdigest())
+            if digest is not None:  # every block passed ggml's validator as it was written
+                remember_checked_gguf(target.output, digest.hexdigest())
     finally:
         bar.finish("quantize:tensors")
         bar.finish("quantize:bytes")

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..checkpoint import TensorRef
-from ..digests import known_sha256, known_table, sha256_file
+from ..digests import known_checked_gguf, known_sha256, known_table, sha256_file
 from ..gguf_read import GgufFile
 from .context import CHUNK_BYTES, WORKERS, Context
 from .structure import expected_tables, manifest_entries, manifest_row, table_rows
@@ -94,6 +94,11 @@ def stream_file(job: FileJob, on_bytes: Callable[[int], None]) -> FileResult:
             data = math.prod(facts.shape) * np.dtype(facts.dtype).itemsize
             res.expected_size = facts.data_offset + data
             res.sha256 = digest if job.sha256 is not None else None
+            on_bytes(res.size)
+            return res
+        if job.gguf is not None and (checked := known_checked_gguf(job.path)):
+            # quantized by this process, which validated every block as it wrote it
+            res.sha256 = checked if job.sha256 is not None else None
             on_bytes(res.size)
             return res
         known = known_sha256(job.path) if job.sha256 is not None else None
