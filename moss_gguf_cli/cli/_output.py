@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any, NoReturn
 
+import typer
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import (
@@ -22,7 +25,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from ..report import FAIL, PASS, WARN
+from ..report import FAIL, PASS, WARN, CheckRows
 
 stdout = Console(soft_wrap=True)
 stderr = Console(stderr=True, soft_wrap=True)
@@ -130,3 +133,29 @@ def info(mode: OutputMode, message: str) -> None:
 def is_debug() -> bool:
     return os.environ.get("MOSS_GGUF_DEBUG", "") not in ("", "0")
 
+
+
+def finish_report(
+    report: Any, render: Callable[..., None], *, json_: bool, quiet: bool
+) -> NoReturn:
+    """Print a check report (as JSON, or through `render`); exit 0 if it passed, else 1."""
+    if json_:
+        typer.echo(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
+    else:
+        render(report, quiet=quiet)
+    raise typer.Exit(0 if report.ok else 1)
+
+
+def print_verdict(
+    report: CheckRows, seconds: float, *, passed: str, failed: str, of_all: bool = False
+) -> None:
+    """The last line under a check table: the verdict, the counts, the first failures."""
+    c = report.counts
+    if report.ok:
+        verdict = f"[green]{passed}[/]: {c[PASS]} checks passed"
+        verdict += f", {c[WARN]} warning(s)" if c[WARN] else ""
+    else:
+        names = ", ".join(r.name for r in report.failures()[:3])
+        count = f"{c[FAIL]} of {len(report.rows)} checks" if of_all else f"{c[FAIL]} check(s)"
+        verdict = f"[bold red]{failed}[/]: {count} failed ({names})"
+    stdout.print(f"{verdict} in {seconds:.1f} s", highlight=False)

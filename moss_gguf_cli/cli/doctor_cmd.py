@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -10,11 +9,18 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..doctor import FAIL, PASS, WARN, DoctorReport, doctor
+from ..doctor import PASS, DoctorReport, doctor
 from ._command import command
 from ._options import LlamaCppDir, Quiet, Verbose
 from ._output import STATUS_STYLE as STYLE
-from ._output import OutputMode, progress_for, setup_logging, stdout
+from ._output import (
+    OutputMode,
+    finish_report,
+    print_verdict,
+    progress_for,
+    setup_logging,
+    stdout,
+)
 
 EXAMPLES = """
 [b]Examples[/b]
@@ -61,11 +67,7 @@ def doctor_command(
     setup_logging(mode)
     with progress_for(mode) as bar:
         report = doctor(output=output, llama_cpp=llama_cpp, recheck=recheck, progress=bar)
-    if json_:
-        typer.echo(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
-    else:
-        render(report, quiet=quiet)
-    raise typer.Exit(0 if report.ok else 1)
+    finish_report(report, render, json_=json_, quiet=quiet)
 
 
 def render(report: DoctorReport, *, quiet: bool = False) -> None:
@@ -82,11 +84,4 @@ def render(report: DoctorReport, *, quiet: bool = False) -> None:
                 text += f"\n[b]fix:[/b] {escape(r.fix)}"
             table.add_row(r.group, r.name, f"[{STYLE[r.status]}]{r.status}[/]", text)
         stdout.print(table, markup=True)
-    c = report.counts
-    if report.ok:
-        verdict = f"[green]ready[/]: {c[PASS]} checks passed"
-        verdict += f", {c[WARN]} warning(s)" if c[WARN] else ""
-    else:
-        names = ", ".join(r.name for r in report.failures()[:3])
-        verdict = f"[bold red]not ready[/]: {c[FAIL]} check(s) failed ({names})"
-    stdout.print(f"{verdict} in {report.seconds:.1f} s", highlight=False)
+    print_verdict(report, report.seconds, passed="ready", failed="not ready")

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from ..verify import FAIL, PASS, WARN, VerifyReport, verify
+from ..verify import PASS, VerifyReport, verify
 from ._command import command
 from ._options import Quiet, Verbose
 from ._output import STATUS_STYLE as STYLE
-from ._output import OutputMode, progress_for, setup_logging, stdout
+from ._output import (
+    OutputMode,
+    finish_report,
+    print_verdict,
+    progress_for,
+    setup_logging,
+    stdout,
+)
 
 EXAMPLES = """
 [b]Examples[/b]
@@ -76,11 +82,7 @@ def verify_command(
     setup_logging(mode)
     with progress_for(mode) as bar:
         report = verify(target, source=source, deep=deep, progress=bar)
-    if json_:
-        typer.echo(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
-    else:
-        render(report, quiet=quiet)
-    raise typer.Exit(0 if report.ok else 1)
+    finish_report(report, render, json_=json_, quiet=quiet)
 
 
 def render(report: VerifyReport, *, quiet: bool = False) -> None:
@@ -109,11 +111,4 @@ def render(report: VerifyReport, *, quiet: bool = False) -> None:
                 f"{s['threshold_rel_rmse']:g}",
             )
         stdout.print(q)
-    c = report.counts
-    if report.ok:
-        verdict = f"[green]OK[/]: {c[PASS]} checks passed"
-        verdict += f", {c[WARN]} warning(s)" if c[WARN] else ""
-    else:
-        names = ", ".join(r.name for r in report.failures()[:3])
-        verdict = f"[bold red]FAILED[/]: {c[FAIL]} of {len(report.rows)} checks failed ({names})"
-    stdout.print(f"{verdict} in {report.seconds:.1f} s", highlight=False)
+    print_verdict(report, report.seconds, passed="OK", failed="FAILED", of_all=True)
