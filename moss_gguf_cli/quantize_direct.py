@@ -250,17 +250,20 @@ class _Quantizer:
         changes its type; returns (futures, {target index: quantized bytes})."""
         rows, cols = data.shape
         types = {i: target.types[t.name] for i, target in enumerate(plan.targets)}
-        jobs = [(i, type_id) for i, type_id in types.items() if type_id != int(t.qtype)]
-        if not jobs:
+        # one quantization per distinct type: Q4_K_M's Q6_K tensors are byte for byte the
+        # Q6_K file's (same rows, same imatrix, same routine), so a run making both shares them
+        distinct = sorted({type_id for type_id in types.values() if type_id != int(t.qtype)})
+        if not distinct:
             return [], {}
-        sizes = [rows * ggml_lib.row_size(type_id, cols) for _, type_id in jobs]
+        sizes = [rows * ggml_lib.row_size(type_id, cols) for type_id in distinct]
         buf = slot.take(np.uint8, (sum(sizes),))
-        outs, at = {}, 0
-        for (i, _), n in zip(jobs, sizes, strict=True):
-            outs[i] = buf[at:at + n]
+        by_type, at = {}, 0
+        for type_id, n in zip(distinct, sizes, strict=True):
+            by_type[type_id] = buf[at:at + n]
             at += n
+        outs = {i: by_type[type_id] for i, type_id in types.items() if type_id in by_type}
         wide = data if t.qtype == _QT.F32 else slot.take(np.float32, (rows, cols))
-        work = [(type_id, outs[i]) for i, type_id in jobs]
+        work = list(by_type.items())
         k = max(1, min(self.threads, rows))
         cuts = [rows * j // k for j in range(k + 1)]
         futures = [

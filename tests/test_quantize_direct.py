@@ -191,6 +191,32 @@ def test_three_types_read_the_source_once(tiny_model, tmp_path):
     ]  # fmt: skip
 
 
+def test_a_type_two_outputs_share_is_quantized_once(tiny_model, tmp_path, monkeypatch):
+    """Q4_K_M's Q6_K tensors are the Q6_K file's bytes: one run making both quantizes them
+    once (the byte-identity test above checks the shared bytes are right in both files)."""
+    from moss_gguf_cli import ggml_lib
+
+    counted: dict[int, int] = {}
+    real = ggml_lib.quantize_rows
+
+    def counting(type_id, src, dst, row0, row1, imatrix):
+        counted[type_id] = counted.get(type_id, 0) + (row1 - row0) * src.shape[1]
+        return real(type_id, src, dst, row0, row1, imatrix)
+
+    monkeypatch.setattr(ggml_lib, "quantize_rows", counting)
+    got = direct(tiny_model, tmp_path, ["Q4_K_M", "Q6_K"])
+    q6k = int(gguf.GGMLQuantizationType.Q6_K)
+    in_files = {
+        r.file_type: sum(
+            int(np.prod(t.shape)) for t in inspect_gguf(r.output).tensors.values()
+            if t.type == "Q6_K"
+        )
+        for r in got.results
+    }  # fmt: skip
+    assert 0 < in_files["Q4_K_M"] < in_files["Q6_K"]  # the mix shares some, not all
+    assert counted[q6k] == in_files["Q6_K"], (counted, in_files)
+
+
 def test_all_direct_and_binary_engines_agree(tiny_model, tmp_path, llama_tree):
     def run(engine: str) -> Path:
         out = tmp_path / engine
