@@ -11,6 +11,7 @@ from __future__ import annotations
 import filecmp
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import gguf
@@ -197,10 +198,12 @@ def test_a_type_two_outputs_share_is_quantized_once(tiny_model, tmp_path, monkey
     from moss_gguf_cli import ggml_lib
 
     counted: dict[int, int] = {}
+    lock = threading.Lock()  # the pool's threads call it at once
     real = ggml_lib.quantize_rows
 
     def counting(type_id, src, dst, row0, row1, imatrix):
-        counted[type_id] = counted.get(type_id, 0) + (row1 - row0) * src.shape[1]
+        with lock:
+            counted[type_id] = counted.get(type_id, 0) + (row1 - row0) * src.shape[1]
         return real(type_id, src, dst, row0, row1, imatrix)
 
     monkeypatch.setattr(ggml_lib, "quantize_rows", counting)
