@@ -16,17 +16,19 @@ sampling rate has no ONNX export to pair with, and says so instead of getting th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from .confine import boundary, confined
 from .errors import InputError, UsageError
-from .hub import download, is_repo_id
+from .hub import NO_RECORD, check_files, download, is_repo_id, list_files, local_listing
 from .progress import ProgressReporter
 
 DEFAULT_REPO = "OpenMOSS-Team/MOSS-Audio-Tokenizer-ONNX"
 SAMPLE_RATE = 24000  # MOSS-Audio-Tokenizer's rate: 12.5 frames/s of 1920 samples
 HUB_PATTERNS = ["*.onnx", "*.onnx.data", "*.onnx_data", "*.data"]
 NONE = "none"
+BUILTIN_CHECK = "made here: the builtin tiny codec"
 FLAG = "--audio-tokenizer"
 
 
@@ -40,6 +42,7 @@ class AudioTokenizer:
     files: list[Path] = field(default_factory=list)  # relative to folder
     source: str = ""  # repo id, folder or "builtin"
     sample_rate: int = SAMPLE_RATE
+    checked: str = NO_RECORD  # what the files' hashes were checked against
 
 
 def default_source(builtin: bool, sampling_rate: int | None) -> str:
@@ -101,6 +104,9 @@ def open_folder(folder: Path, source: str | None = None) -> AudioTokenizer:
                     hint="download the audio tokenizer again (the .onnx and its .data files)",
                 )
             files.append(data)
+    edge = boundary(folder)
+    for f in files:
+        confined(f, edge)
     rel = sorted({f.relative_to(folder) for f in files})
     return AudioTokenizer(
         folder=folder,
@@ -146,18 +152,27 @@ def resolve(
         from .tiny_codec import ensure_tiny_codec
 
         folder = ensure_tiny_codec(cache_root() / "builtin" / "tiny-codec")[0].parent
-        return open_folder(folder, "builtin tiny codec")
+        return replace(open_folder(folder, "builtin tiny codec"), checked=BUILTIN_CHECK)
     path = Path(text).expanduser()
     if path.exists() or not is_repo_id(text):
-        return open_folder(path)
+        return _checked(open_folder(path), local_listing(path), progress)
     try:
+        listing = list_files(text, revision, cache_dir)
         snapshot = download(text, HUB_PATTERNS, revision, cache_dir, progress)
     except InputError as exc:
         raise InputError(
             f"audio tokenizer {text}: {exc.message}",
             hint=f"{exc.hint}; or pass {FLAG} FOLDER, or {FLAG} none to convert without one",
         ) from exc
-    return open_folder(snapshot, text)
+    return _checked(open_folder(snapshot, text), listing, progress)
+
+
+def _checked(codec: AudioTokenizer, listing, progress: ProgressReporter | None) -> AudioTokenizer:
+    """CODEC after its files were checked against the download's record (if it has one)."""
+    if listing is None:
+        return codec
+    check_files(listing, codec.folder, [r.as_posix() for r in codec.files], progress)
+    return replace(codec, checked=listing.describe())
 
 
 def parse_flag(value: str | None) -> str | None:

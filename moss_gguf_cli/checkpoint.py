@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .confine import boundary, child, confined
 from .errors import InputError, UnsupportedModelError
 from .hub import download, is_repo_id
 from .progress import ProgressReporter
@@ -195,25 +196,6 @@ class MossCheckpoint:
         return out
 
 
-def safe_child(root: Path, relative: str, what: str, source: Path) -> Path:
-    """A path named inside a file must stay inside root: no absolute paths, no `..`."""
-    rel = Path(relative)
-    if rel.is_absolute() or ".." in rel.parts or relative.strip() == "":
-        raise InputError(
-            f"{what} {relative!r} points outside the model folder",
-            path=source,
-            hint="fix or re-download the index file",
-        )
-    resolved = (root / rel).resolve()
-    if not resolved.is_relative_to(root.resolve()):
-        raise InputError(
-            f"{what} {relative!r} points outside the model folder",
-            path=source,
-            hint="fix or re-download the index file",
-        )
-    return root / rel
-
-
 def read_json(path: Path, what: str) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -290,7 +272,7 @@ def _shard_files(root: Path) -> tuple[list[Path], dict[str, Path] | None]:
         for tensor, rel in weight_map.items():
             if not isinstance(rel, str):
                 raise InputError(f"index maps {tensor!r} to a non-string", path=index)
-            by_tensor[tensor] = safe_child(root, rel, "shard", index)
+            by_tensor[tensor] = child(root, rel, "shard", index)
         shards = list(dict.fromkeys(by_tensor.values()))
         for shard in shards:
             if not shard.is_file():
@@ -337,7 +319,8 @@ def open_checkpoint(root: Path) -> MossCheckpoint:
             path=root,
             hint="point --model at a MOSS-TTS checkpoint folder",
         )
-    config = read_json(config_path, "config.json")
+    edge = boundary(root)
+    config = read_json(confined(config_path, edge), "config.json")
     if not isinstance(config, dict):
         raise InputError("config.json is not a JSON object", path=config_path)
     detect_lookalike(config, config_path)
@@ -345,13 +328,18 @@ def open_checkpoint(root: Path) -> MossCheckpoint:
 
     shards, tensors = read_tensors(root)
     _check_tensors(tensors, moss, config_path)
-    tokenizer = [root / n for n in TOKENIZER_FILES if (root / n).is_file()]
+    tokenizer = [confined(root / n, edge) for n in TOKENIZER_FILES if (root / n).is_file()]
     return MossCheckpoint(root, config, moss, tensors, shards, tokenizer)
 
 
 def read_tensors(root: Path) -> tuple[list[Path], dict[str, TensorRef]]:
     """The shards of a safetensors folder (index + shards, or one file) and every tensor in them."""
+    edge = boundary(root)
+    if (root / INDEX_NAME).exists():
+        confined(root / INDEX_NAME, edge)
     shards, by_tensor = _shard_files(root)
+    for shard in shards:  # before a header is read: a link out is never opened
+        confined(shard, edge)
     tensors: dict[str, TensorRef] = {}
     for shard in shards:
         for name, info in read_header(shard).tensors.items():

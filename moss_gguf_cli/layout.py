@@ -36,6 +36,7 @@ from .folders import (
     TOKENIZER_DIR,
 )
 from .holds import hold
+from .made_from import MadeFrom
 from .progress import ProgressReporter, ensure
 from .staging import Staging, check_free_space
 from .synth_defaults import SYNTH_DEFAULTS
@@ -237,6 +238,7 @@ def layout(
     config_name: str = CONFIG_NAME,
     synth_overrides: dict[str, Any] | None = None,
     source_model: str | None = None,
+    made_from: MadeFrom | None = None,
     force: bool = False,
     progress: ProgressReporter | None = None,
 ) -> LayoutResult:
@@ -254,7 +256,7 @@ def layout(
     return arrange(
         items, meta, [g.name for g in ggufs], output, mode=mode, codec=audio_tokenizer,
         config_name=config_name, synth_overrides=synth_overrides, source_model=source_model,
-        force=force, progress=progress,
+        made_from=made_from, force=force, progress=progress,
     )  # fmt: skip
 
 
@@ -269,6 +271,8 @@ def arrange(
     config_name: str = CONFIG_NAME,
     synth_overrides: dict[str, Any] | None = None,
     source_model: str | None = None,
+    made_from: MadeFrom | None = None,
+    source_check: str | None = None,
     force: bool = False,
     progress: ProgressReporter | None = None,
 ) -> LayoutResult:
@@ -323,6 +327,8 @@ def arrange(
             },
             "config": config_name,
             "audio_tokenizer": codec.source if codec is not None else None,
+            "checks": _checks(source_check, codec),
+            "made_from": made_from.to_json() if made_from is not None else None,
             "files": [e.__dict__ for e in entries],
         }
         (stage.path / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -336,6 +342,16 @@ def arrange(
         extra_configs=extra,
         **counts,
     )
+
+
+def _checks(source_check: str | None, codec: AudioTokenizer | None) -> dict[str, str]:
+    """What the downloaded inputs' hashes were checked against (verify shows it)."""
+    out = {}
+    if source_check is not None:
+        out["source"] = source_check
+    if codec is not None:
+        out["audio_tokenizer"] = codec.checked
+    return out
 
 
 @dataclass
@@ -388,6 +404,7 @@ def add_audio_tokenizer(
     entries = hash_entries(output, rels, bar)
     manifest["files"] = kept + [e.__dict__ for e in entries]
     manifest["audio_tokenizer"] = codec.source
+    manifest.setdefault("checks", {})["audio_tokenizer"] = codec.checked
     tmp = manifest_path.with_name(f".{MANIFEST_NAME}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(manifest, indent=2) + "\n")
     os.replace(tmp, manifest_path)

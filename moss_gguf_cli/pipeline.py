@@ -32,8 +32,21 @@ from .digests import remember_sha256
 from .errors import InputError, OutputError, ToolError, UsageError
 from .extract import npy_jobs
 from .folders import CONFIG_NAME, MANIFEST_NAME, META_NAME
+from .hub import is_repo_id
+from .hub import locate as locate_repo
 from .layout import Placement, arrange, audio_tokenizer_files
 from .llama_cpp import LIBRARY_HINT
+from .made_from import (
+    RECORD_NAME,
+    WORK_KEYS,
+    MadeFrom,
+    file_sha256,
+    folder_identity,
+    read_record,
+    refuse_other,
+    source_identity,
+    write_record,
+)
 from .pipeline_steps import (
     STEPS,
     AllSettings,
@@ -153,9 +166,10 @@ def run_all(
 def _resolve(
     settings: AllSettings, bar: ProgressReporter, on_step: Callable[[str, int], None] | None
 ) -> RunContext:
-    """Everything before the first step: the settings checked, doctor's pre-flight, the codec
-    and the model found, the engine chosen, the output and the disk checked, the work folder
-    made. Up front, so that a run that cannot finish stops before its long work."""
+    """Everything before the first step, in the order a user fixes things: the settings, the
+    model located (named in the error if it is not there), doctor's pre-flight, the codec, the
+    model fetched, the engine, what the output and the work folder already hold, the disk.
+    Up front, so that a run that cannot finish stops before its long work."""
     from .quantize import output_name
 
     output = Path(settings.output)
@@ -164,10 +178,11 @@ def _resolve(
     if settings.force:
         shutil.rmtree(work, ignore_errors=True)
     is_tiny = settings.model.startswith("builtin:")
+    locate_model(settings.model, settings.revision, settings.cache_dir)
     ggufs = [work / output_name(Path("backbone_f16.gguf"), q) for q in quants]
-    layout_done = not settings.force and _layout_complete(output, [g.name for g in ggufs])
+    finished = not settings.force and _layout_complete(output, [g.name for g in ggufs])
     codec = None
-    if not layout_done:
+    if not finished:
         _preflight_tools(settings)
         codec = _find_codec(settings, is_tiny, bar)
     model_dir = resolve_model(settings.model, settings.revision, settings.cache_dir, bar)
@@ -175,15 +190,76 @@ def _resolve(
         # the model's own codec: refuses a model that speaks at another sampling rate
         default_codec(builtin=is_tiny, sampling_rate=open_checkpoint(model_dir).moss.sampling_rate)
     engine = choose_engine(settings.engine, settings.llama_cpp)
-    if not layout_done:
+    made_from = _made_from(settings, model_dir, is_tiny)
+    if finished:
+        refuse_other(output, manifest_made_from(output), made_from)
+    else:
         if not settings.force:
             _refuse_other_output(output, "these quant types")
+        _resume_work(work, made_from)
         if not work.exists():  # a resumed run has counted its disk already
             _preflight_disk(model_dir, settings, output, direct=engine == "direct")
         work.mkdir(parents=True, exist_ok=True)
+        write_record(work / RECORD_NAME, made_from)
     return RunContext(
-        settings, bar, on_step, output, work, quants, ggufs, model_dir, codec, engine, layout_done
+        settings, bar, on_step, output, work, quants, ggufs, model_dir, codec, engine, finished,
+        made_from,
+    )  # fmt: skip
+
+
+def _made_from(settings: AllSettings, model_dir: Path, is_tiny: bool) -> MadeFrom:
+    """This run's inputs, as the folders it resumes must have recorded them."""
+    codec = settings.audio_tokenizer
+    if codec is None:
+        codec = "builtin" if is_tiny else default_codec(builtin=False, sampling_rate=None)
+    if settings.audio_tokenizer_revision:
+        codec = f"{codec}@{settings.audio_tokenizer_revision}"
+    return MadeFrom(
+        source=source_identity(settings.model, model_dir),
+        outtype=settings.outtype,
+        imatrix=file_sha256(settings.imatrix),
+        codec=str(codec),
+        synth=dict(settings.synth),
     )
+
+
+def _resume_work(work: Path, made_from: MadeFrom) -> None:
+    """A work folder a run left is resumed only by a run of the same inputs."""
+    if work.exists() and any(work.iterdir()):
+        refuse_other(work, read_record(work / RECORD_NAME), made_from, WORK_KEYS)
+
+
+def manifest_made_from(output: Path) -> MadeFrom | None:
+    """What a finished folder's manifest says it was made from (None: not recorded)."""
+    try:
+        data = json.loads((output / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return MadeFrom.from_json(data.get("made_from")) if isinstance(data, dict) else None
+
+
+def locate_model(model: str, revision: str | None, cache_dir: Path | None) -> None:
+    """The model is where the user said, before anything else is looked up (the codec too):
+    a folder that exists, a well-formed repo id, in the cache when offline."""
+    if model.startswith("builtin:"):
+        return
+    path = Path(model).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise InputError(
+                "expected a model folder or repo id, got a file",
+                path=path,
+                hint="point --model at the folder that holds it",
+            )
+        return
+    if not is_repo_id(model):
+        raise InputError(
+            "model folder not found",
+            path=model,
+            hint="give an existing folder, a Hub repo id like OpenMOSS-Team/MOSS-TTS,"
+            " or builtin:tiny",
+        )
+    locate_repo(model, revision, cache_dir)
 
 
 def _check_settings(settings: AllSettings) -> list[str]:
@@ -341,24 +417,28 @@ def run_preconverted(
     steps: list[StepResult] = []
     paths = choose(repo, settings.quants)
     names = [Path(p).name for p in paths]
+    made_from = _preconverted_made_from(settings, repo, paths)
     finished = not settings.force and _layout_complete(output, names)
-    if not finished and not settings.force:
-        _refuse_other_output(output, "these weights")
     if finished:
+        refuse_other(output, manifest_made_from(output), made_from)
         steps += [StepResult("download", "skipped"), StepResult("layout", "skipped")]
     else:
+        if not settings.force:
+            _refuse_other_output(output, "these weights")
         t = time.perf_counter()
         codec = resolve_codec(
             settings.audio_tokenizer, builtin=False, revision=settings.audio_tokenizer_revision,
             cache_dir=settings.cache_dir, progress=bar,
         )  # fmt: skip
-        root, digests = fetch(repo, paths, settings.revision, settings.cache_dir, bar)
+        root, digests, checked = fetch(repo, paths, settings.revision, settings.cache_dir, bar)
         for rel, digest in digests.items():
             remember_sha256((root / rel).resolve(), digest)  # layout's manifest reuses them
-        detail = f"{len(digests)} files, sha256 as the Hub lists" if digests else "local copy"
+        detail = f"{len(digests)} files, {checked}" if digests else checked
         steps.append(StepResult("download", "done", time.perf_counter() - t, detail))
         t = time.perf_counter()
-        entries = _arrange_preconverted(settings, repo, paths, names, root, codec, bar)
+        entries = _arrange_preconverted(
+            settings, repo, paths, names, root, codec, bar, made_from, checked
+        )
         took = time.perf_counter() - t
         steps.append(StepResult("layout", "done", took, f"{entries} files"))
     t = time.perf_counter()
@@ -370,6 +450,20 @@ def run_preconverted(
     )
 
 
+def _preconverted_made_from(settings: AllSettings, repo: GgufRepo, paths: list[str]) -> MadeFrom:
+    """A pre-converted source: the repo at its commit, or the folder and its files' sizes."""
+    if repo.local is not None:
+        source = folder_identity(repo.local, sorted(paths + repo.tables + repo.tokenizer))
+    else:
+        commit = repo.listing.commit if repo.listing is not None else None
+        source = {"repo": repo.source, "commit": commit or settings.revision or "main"}
+    codec = settings.audio_tokenizer or default_codec(builtin=False, sampling_rate=None)
+    if settings.audio_tokenizer_revision:
+        codec = f"{codec}@{settings.audio_tokenizer_revision}"
+    return MadeFrom(source=source, outtype="as published", codec=str(codec),
+                    synth=dict(settings.synth))  # fmt: skip
+
+
 def _arrange_preconverted(
     settings: AllSettings,
     repo: GgufRepo,
@@ -378,6 +472,8 @@ def _arrange_preconverted(
     root: Path,
     codec: AudioTokenizer | None,
     bar: ProgressReporter,
+    made_from: MadeFrom,
+    checked: str,
 ) -> int:
     """Lay the fetched files out (their meta derived from the GGUF); the number of entries."""
     output = Path(settings.output)
@@ -392,7 +488,8 @@ def _arrange_preconverted(
             items += audio_tokenizer_files(codec)
         r = arrange(
             items, meta, names, output, codec=codec, source_model=repo.source,
-            synth_overrides=settings.synth or None, force=settings.force, progress=bar,
+            synth_overrides=settings.synth or None, made_from=made_from, source_check=checked,
+            force=settings.force, progress=bar,
         )  # fmt: skip
     finally:
         shutil.rmtree(meta_path.parent, ignore_errors=True)

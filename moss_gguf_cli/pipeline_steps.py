@@ -28,6 +28,7 @@ from .extract import extract, npy_jobs
 from .folders import BACKBONE_DIR, EMBEDDING_DIR, LM_HEAD_DIR, MANIFEST_NAME
 from .holds import hold
 from .layout import LayoutMode, expected_tables, layout, read_meta
+from .made_from import MadeFrom
 from .progress import ProgressReporter
 from .source_pages import SourcePages
 from .staging import human_bytes, remove_stale_partials
@@ -95,6 +96,7 @@ class RunContext:
     codec: AudioTokenizer | None  # None also once the layout is done: nothing to add
     engine: str
     layout_done: bool  # the output is a finished run of these types: only verify runs
+    made_from: MadeFrom | None = None  # this run's inputs, recorded in the manifest
     found: Found = field(init=False)  # set as the steps start (`look`)
     # what the steps add as they go
     intermediate: Path | None = None  # the f16/bf16 GGUF, found or written
@@ -335,6 +337,7 @@ class LayoutStep(Step):
             audio_tokenizer=ctx.codec,
             synth_overrides={**(_DEMO_SYNTH if ctx.is_tiny else {}), **ctx.settings.synth} or None,
             source_model=ctx.settings.model,
+            made_from=ctx.made_from,
             force=True,
             progress=ctx.bar,
         )

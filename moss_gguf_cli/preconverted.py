@@ -3,10 +3,12 @@
 Such a repo (or a local copy of one) holds a quantized Qwen3 backbone ``.gguf``,
 ``embeddings/`` and ``lm_heads/`` (the 33 + 33 ``.npy`` tables) and ``tokenizer/``; no config,
 no hash list. ``all`` recognises it from the file set, downloads only the GGUF of the asked
-quant type and the tables, checks every file against the sha256 the Hub lists (offline: what
-the hub client recorded when it downloaded), and lays out a weights folder with the codec,
-a synth YAML and a manifest. The model facts the repo does not state (n_vq, sizes) are
-derived from the tables and the GGUF and written to ``extraction_meta.json`` as derived.
+quant type and the tables, checks every file against the record the download has (`hub`: the
+Hub's listing online; offline the client's tree listing, an older cache's blob names, or a
+``--local-dir`` folder's metadata; a plain folder is used as it is and says so), and lays
+out a weights folder with the codec, a synth YAML and a manifest. The model facts the repo
+does not state (n_vq, sizes) are derived from the tables and the GGUF and written to
+``extraction_meta.json`` as derived.
 
 Other GGUF formats of the family are refused by what the files are, never by the repo's
 name: openmoss ``*.extras.gguf`` pairs, single-file GGUFs with the tables inside, GGUFs that
@@ -21,11 +23,18 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
+from .confine import boundary, confined, table_header
 from .errors import InputError, UnsupportedModelError, UsageError
 from .folders import EMBEDDING_DIR, LM_HEAD_DIR, TOKENIZER_DIR
-from .hub import HubFile, check_files, download, is_repo_id, list_files
+from .hub import (
+    NO_RECORD,
+    Listing,
+    check_files,
+    download,
+    is_repo_id,
+    list_files,
+    local_listing,
+)
 from .progress import ProgressReporter
 
 LAYOUT = "a Qwen3 backbone .gguf beside embeddings/, lm_heads/ and tokenizer/"
@@ -39,9 +48,10 @@ class GgufRepo:
     """A recognised pre-converted repo: where its files are listed and which GGUFs it offers."""
 
     source: str  # repo id or folder
-    files: dict[str, HubFile | None]  # path → Hub listing entry (None for a local folder)
+    files: list[str]  # every file's path in the repo or folder
     ggufs: dict[str, str]  # file type (Q4_K_M) → path
     local: Path | None = None  # a local copy, else None (Hub)
+    listing: Listing | None = None  # the record the files are checked by; None: no record
 
     @property
     def tables(self) -> list[str]:
@@ -96,16 +106,16 @@ def recognise(
     from .quantize import file_types
 
     path = Path(model).expanduser()
+    listing: Listing | None
     if path.is_dir():
-        files: dict[str, HubFile | None] = {
-            p.relative_to(path).as_posix(): None for p in path.rglob("*") if p.is_file()
-        }
+        files = _local_files(path)
         local: Path | None = path
+        listing = local_listing(path)
     elif is_repo_id(model) and not path.exists():
-        listed = list_files(model, revision, cache_dir)
-        if listed is None:
+        listing = list_files(model, revision, cache_dir)
+        if listing is None:
             return None  # nothing known offline: the checkpoint path says what is missing
-        files = dict(listed)
+        files = sorted(listing.files)
         local = None
     else:
         return None
@@ -134,7 +144,20 @@ def recognise(
             by_type.setdefault(t, g)
     if not by_type:
         raise _refuse(model, "GGUF files whose quant type their names do not say")
-    return GgufRepo(model, files, by_type, local)
+    return GgufRepo(model, files, by_type, local, listing)
+
+
+def _local_files(folder: Path) -> list[str]:
+    """A local folder's files (the hub client's own metadata aside), none of them a link out."""
+    root = boundary(folder)
+    out = []
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder)
+        if rel.parts[0] == ".cache" or not (p.is_file() or p.is_symlink()):
+            continue
+        confined(p, root)
+        out.append(rel.as_posix())
+    return out
 
 
 def choose(repo: GgufRepo, quants: list[str]) -> list[str]:
@@ -158,16 +181,22 @@ def fetch(
     revision: str | None = None,
     cache_dir: Path | None = None,
     progress: ProgressReporter | None = None,
-) -> tuple[Path, dict[str, str]]:
-    """Download (Hub) what the weights folder needs and check it; (root, path → sha256)."""
+) -> tuple[Path, dict[str, str], str]:
+    """Download (Hub) what the weights folder needs and check it against the download's record:
+    (root, path → sha256, what the check was made against)."""
     rels = ggufs + repo.tables + repo.tokenizer
     if repo.local is not None:
-        return repo.local, {}
-    patterns = ggufs + [f"{EMBEDDING_DIR}/*.npy", f"{LM_HEAD_DIR}/*.npy", f"{TOKENIZER_DIR}/*"]
-    root = download(repo.source, patterns, revision, cache_dir, progress)
-    listing = {k: v for k, v in repo.files.items() if v is not None}
-    digests = check_files(repo.source, root, listing, rels, progress)
-    return root, digests
+        root = repo.local
+    else:
+        patterns = ggufs + [f"{EMBEDDING_DIR}/*.npy", f"{LM_HEAD_DIR}/*.npy", f"{TOKENIZER_DIR}/*"]
+        root = download(repo.source, patterns, revision, cache_dir, progress)
+    if repo.listing is None:
+        return root, {}, NO_RECORD
+    root_bound = boundary(root)
+    for rel in rels:
+        confined(root / rel, root_bound)
+    digests = check_files(repo.listing, root, rels, progress)
+    return root, digests, repo.listing.describe()
 
 
 # language_config key ← qwen3.* GGUF key (what llama.cpp's converter wrote from it)
@@ -198,10 +227,6 @@ def gguf_language_config(path: Path) -> dict:
     return out
 
 
-def _npy_shape(path: Path) -> tuple[int, ...]:
-    return tuple(np.load(path, mmap_mode="r").shape)
-
-
 def derive_meta(root: Path, repo: GgufRepo, gguf: str) -> dict:
     """extraction_meta.json for a repo that has none: facts read from its tables and GGUF."""
     from .gguf_read import inspect_gguf
@@ -220,8 +245,11 @@ def derive_meta(root: Path, repo: GgufRepo, gguf: str) -> dict:
             f"({', '.join(missing[:3]) or 'no emb_ext tables'} missing)",
             hint=f"expected {LAYOUT}",
         )
-    vocab, hidden = _npy_shape(root / EMBEDDING_DIR / "embed_tokens.npy")
-    audio_rows = _npy_shape(root / ext[0])[0]
+    (vocab, hidden), dtype = table_header(root / EMBEDDING_DIR / "embed_tokens.npy")
+    audio_rows = table_header(root / ext[0], (None, hidden))[0][0]
+    table_header(root / LM_HEAD_DIR / "lm_head_text.npy", (vocab, hidden))
+    for rel in ext + heads:
+        table_header(root / rel, (audio_rows, hidden))
     info = inspect_gguf(root / gguf)
     layers = len({m.group(1) for n in info.tensors if (m := re.match(r"blk\.(\d+)\.", n))})
     lang = gguf_language_config(root / gguf)
@@ -232,7 +260,7 @@ def derive_meta(root: Path, repo: GgufRepo, gguf: str) -> dict:
         "hidden_size": int(hidden),
         "vocab_size": int(vocab),
         "audio_vocab_size": int(audio_rows) - 1,
-        "npy_dtype": str(np.load(root / ext[0], mmap_mode="r").dtype),
+        "npy_dtype": str(dtype),
         "derived": {
             "from": "pre-converted tables and GGUF (the repo has no config)",
             "n_vq": f"{n_vq} emb_ext tables",

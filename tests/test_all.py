@@ -77,6 +77,69 @@ def test_rerun_of_a_finished_run_only_verifies(finished) -> None:
     assert statuses(proc.stdout) == {**dict.fromkeys(STEPS[:-1], "skipped"), "verify": "done"}
 
 
+def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file's (size, mtime) under folder: what a refused run must leave as it was."""
+    return {
+        p.relative_to(folder).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in folder.rglob("*") if p.is_file()
+    }  # fmt: skip
+
+
+def recipe_with(tmp_path: Path, synth: dict) -> str:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump({"model": "builtin:tiny", "synth": synth}))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda t, model: ["--model", "builtin:tiny-soundeffect"],
+        lambda t, model: ["--model", str(model)],  # the same weights, but a folder
+        lambda t, model: ["--outtype", "bf16"],
+        lambda t, model: ["--audio-tokenizer", "none"],
+        lambda t, model: ["--config", recipe_with(t, {"max_new_tokens": 33})],
+    ],
+    ids=["other model", "a folder", "outtype", "codec", "recipe"],
+)
+def test_a_folder_made_from_other_inputs_is_refused(
+    finished, change, tmp_path: Path, tiny_model: Path
+) -> None:
+    out, _ = finished
+    before = snapshot(out)
+    extra = change(tmp_path, tiny_model)
+    args = extra if extra[0] in ("--model", "--config") else ["--model", "builtin:tiny", *extra]
+    proc = subprocess.run(
+        [sys.executable, "-m", "moss_gguf_cli", "all", *args, "--output", str(out)],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "160"},
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1 and "Traceback" not in line, line
+    assert str(out) in line and "made from builtin:tiny" in line and "--force" in line, line
+    assert snapshot(out) == before  # nothing there changed
+    assert sorted(p.name for p in out.parent.iterdir()) == [out.name]
+
+
+def test_a_work_folder_of_other_inputs_is_not_resumed(tmp_path: Path, held_run) -> None:
+    out = tmp_path / "w"
+    cmd = [sys.executable, "-m", "moss_gguf_cli", "all", "--model", "builtin:tiny", "-q"]
+    proc = held_run(cmd + ["--output", str(out)], "quantize",
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    work = tmp_path / ".w.work"
+    before = snapshot(work)
+    other = run_all_cli(out, "--outtype", "bf16")
+    assert other.returncode == 1, other.stderr
+    line = other.stderr.strip()
+    assert str(work) in line and "outtype 'auto'" in line and "outtype 'bf16'" in line, line
+    assert snapshot(work) == before and not out.exists()
+    again = run_all_cli(out)  # the same inputs resume it
+    assert again.returncode == 0, again.stderr
+    assert statuses(again.stdout)["layout"] == "done"
+
+
 def test_all_fails_when_verify_cannot_run(finished, monkeypatch) -> None:
     """verify that cannot even be imported fails `all`; it is never marked done unrun."""
     from moss_gguf_cli.pipeline import AllSettings, run_all

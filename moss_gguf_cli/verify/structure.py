@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..checkpoint import safe_child
+from ..confine import child
 from ..errors import InputError, MossGgufError
 from ..folders import BACKBONE_DIR, META_NAME
 from ..report import FAIL, WARN
@@ -193,7 +193,7 @@ def manifest_entries(ctx: Context) -> dict[str, dict[str, Any]]:
             ctx.manifest_problems.append(f"malformed entry {entry!r:.80}")
             continue
         try:
-            p = safe_child(root, rel, "manifest entry", m)
+            p = child(root, rel, "manifest entry", m)
         except InputError:
             ctx.manifest_problems.append(f"{rel}: path outside the folder")
             p = None
@@ -229,3 +229,17 @@ def manifest_row(ctx: Context, entries: dict[str, dict[str, Any]], by_path) -> N
         problems,
         f"{len(entries)} files, {total / 1e9:.2f} GB, sizes and sha256 match",
     )
+    _download_rows(ctx)
+
+
+def _download_rows(ctx: Context) -> None:
+    """What each downloaded input's hashes were checked against when the folder was made."""
+    try:
+        checks = json.loads(ctx.t.manifest.read_text(encoding="utf-8")).get("checks") or {}
+    except (OSError, ValueError, AttributeError):
+        return
+    for what, how in sorted(checks.items()):
+        if isinstance(how, str):
+            unchecked = how.startswith("not checked")
+            name = f"{what.replace('_', ' ')} download"
+            ctx.rows.check(name, [], how, warn=[how] if unchecked else ())
