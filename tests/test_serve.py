@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from moss_gguf_cli.holds import ENV as HOLD_ENV
 from moss_gguf_cli.serve.audio import change_speed
+from moss_gguf_cli.serve.settings import MAX_INPUT_CHARS, MAX_UPLOAD_BYTES
 from moss_gguf_cli.tts.codec import FRAME_SAMPLES, SAMPLE_RATE
 
 KEY = "sk-test-0123456789"
@@ -201,6 +202,16 @@ def test_sampling_fields_reach_the_sampler(client):
     assert speak(client, "pcm", seed=11, **{**sampled, **GREEDY}) != first
 
 
+def test_instructions_reach_the_prompt(client, greedy_wav):
+    """`instructions` is the prompt's Instruction field: greedy audio changes with it."""
+    styled = client.audio.speech.create(model="moss-tts", voice="alloy", input=TEXT,
+                                        instructions="Whisper, slowly.", response_format="wav",
+                                        extra_body=GREEDY).content  # fmt: skip
+    data, rate = sf.read(io.BytesIO(styled), dtype="float32")
+    assert rate == SAMPLE_RATE and data.size > 0
+    assert not np.array_equal(data, greedy_wav)
+
+
 # ---------------------------------------------------------------- voices
 
 
@@ -275,7 +286,7 @@ def test_each_error_has_its_status_and_names_the_field(server, http, reference_w
     error_of(post({**ok, "stream_format": "sse"}), 400, "stream_format")
     assert error_of(post({**ok, "model": "gpt-9"}), 404, "model")["code"] == "model_not_found"
     error_of(post({**ok, "voice": "nobody"}), 404, "voice")
-    error_of(post({**ok, "input": "x" * 4097}), 413, "input")
+    error_of(post({**ok, "input": "x" * (MAX_INPUT_CHARS + 1)}), 413, "input")
     error_of(add_voice(http, "../../etc/evil", reference_wav), 400, "name")
     error_of(add_voice(http, "alloy", reference_wav), 400, "name")  # a built-in name
     bad = tmp_path / "notes.wav"
@@ -283,6 +294,9 @@ def test_each_error_has_its_status_and_names_the_field(server, http, reference_w
     error = error_of(add_voice(http, "broken", bad), 400, "file")
     assert "notes.wav" in error["message"] and "moss-gguf-voice" not in error["message"]
     error_of(http.delete("/v1/audio/voices/nobody"), 404, "name")
+    huge = tmp_path / "huge.wav"
+    huge.write_bytes(b"\0" * (MAX_UPLOAD_BYTES + 1))
+    error_of(add_voice(http, "huge", huge), 413, "file")
     error_of(http.get("/v1/nothing"), 404, None)
     # the server goes on answering, and said nothing of tracebacks
     assert post(ok).status_code == 200
@@ -349,12 +363,14 @@ def test_sigterm_answers_what_runs_and_waits_with_503_and_exits_0(
     tiny_weights, voices_dir, kept_voice, tmp_path
 ):
     marker = tmp_path / "held"
+    # the key from the environment this time (it stays out of the process list)
     srv = start_serve(tiny_weights / "moss-tts.yaml", tmp_path / "serve.log",
-                      "--api-key", KEY, "--voices", str(voices_dir), "--max-queue", "1",
-                      env={HOLD_ENV: f"serve={marker}"})  # fmt: skip
+                      "--voices", str(voices_dir), "--max-queue", "1",
+                      env={HOLD_ENV: f"serve={marker}", "MOSS_GGUF_API_KEY": KEY})  # fmt: skip
     try:
         http = httpx.Client(base_url=srv.url, timeout=TIMEOUT,
                             headers={"Authorization": f"Bearer {KEY}"})  # fmt: skip
+        assert http.get("/health", headers={"Authorization": ""}).status_code == 401
         # a restarted server still has the voices stored before
         assert kept_voice in {v["name"] for v in http.get("/v1/audio/voices").json()["data"]}
         replies: dict[str, httpx.Response] = {}
