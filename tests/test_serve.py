@@ -5,10 +5,12 @@ error case, auth, metrics, the queue bound and a clean stop on SIGTERM and SIGIN
 from __future__ import annotations
 
 import io
+import json
 import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -328,6 +330,28 @@ def test_metrics(http, greedy_wav):
     assert samples[("moss_gguf_queue_length", ())] == 0
     count = ("moss_gguf_request_duration_seconds_count", (("path", "/v1/audio/speech"),))
     assert samples[count] >= 1
+
+
+def test_a_client_that_leaves_frees_the_worker(server, http):
+    """The request stops at its next generation step, not after its whole utterance."""
+    body = json.dumps({"model": "moss-tts", "input": TEXT, "max_new_tokens": 2000}).encode()
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as raw:
+        raw.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: test\r\n"
+                    b"Content-Type: application/json\r\nAuthorization: Bearer " + KEY.encode()
+                    + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)  # fmt: skip
+        deadline = time.monotonic() + TIMEOUT
+        while not http.get("/health").json()["busy"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    # n_ctx leaves ~900 steps: only a cancelled request says this before the worker is free
+    while "cancelled at a generation step" not in server.text() or http.get("/health").json()[
+        "busy"
+    ]:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert http.post("/v1/audio/speech", json={"model": "moss-tts", "input": TEXT,
+                                               **GREEDY}).status_code == 200  # fmt: skip
 
 
 # ---------------------------------------------------------------- start and stop

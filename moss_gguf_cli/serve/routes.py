@@ -9,10 +9,12 @@ traceback unless MOSS_GGUF_DEBUG=1. With an API key, every route needs
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import tempfile
 import time
+from collections.abc import Awaitable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,9 +160,9 @@ def _authorized(header: str, key: str) -> bool:
 
 def _speech_routes(app: FastAPI, service: Service) -> None:
     @app.post("/v1/audio/speech")
-    async def speech(body: SpeechRequest) -> Response:
+    async def speech(body: SpeechRequest, request: Request) -> Response:
         job = service.speech_job(body)
-        result = await service.scheduler.speak(job)
+        result = await _unless_gone(request, service.scheduler.speak(job))
         data = await run_in_threadpool(
             service.render, result.waveform, body.response_format, body.speed
         )
@@ -182,6 +184,29 @@ def _speech_routes(app: FastAPI, service: Service) -> None:
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(service.metrics.render(), media_type=CONTENT_TYPE)
+
+
+async def _unless_gone(request: Request, work: Awaitable[Any]) -> Any:
+    """WORK's result; if the client disconnects first, WORK is cancelled (the scheduler drops
+    a waiting job and stops a running one at its next step) and a 499 is logged for it."""
+    job = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({job, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not job.done():
+        job.cancel()
+        log.info("%s %s: the client went away; its request was cancelled",
+                 request.method, request.url.path)  # fmt: skip
+        raise ApiError(499, "the client closed the connection", code="client_closed")
+    return job.result()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone (the body is already read: what comes next is that)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _voice_routes(app: FastAPI, service: Service) -> None:
