@@ -152,7 +152,7 @@ class Scheduler:
         if self._thread.is_alive():
             log.warning("the running request did not stop in %.0f s; leaving it", timeout)
             return
-        self.tts.close()
+        self.tts.close()  # closing twice (lifespan, then run_server's finally) is harmless
 
     # -- inside
 
