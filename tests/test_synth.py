@@ -244,6 +244,20 @@ def test_reference_voice(tts, reference_wav):
     assert result.profile.prompt_rows == plain.profile.prompt_rows - 1 + 3 + expected_frames + 33
 
 
+def test_one_call_may_change_the_sampling(tts, config):
+    greedy = {"text_temperature": 0, "audio_temperature": 0.0}
+    one = tts.synthesize("Hi", seed=1, max_new_tokens=36, sampling=greedy)
+    two = tts.synthesize("Hi", seed=2, max_new_tokens=36, sampling=greedy)
+    np.testing.assert_array_equal(one.rows, two.rows)  # greedy: the seed plays no part
+    sampled = tts.synthesize("Hi", seed=2, max_new_tokens=36)
+    assert not np.array_equal(sampled.rows, two.rows)  # the config's sampling again
+    assert tts.config == config
+    with pytest.raises(UsageError, match="not a sampling setting: n_ctx"):
+        tts.synthesize("Hi", sampling={"n_ctx": 128})
+    with pytest.raises(UsageError, match="audio_top_p"):
+        tts.synthesize("Hi", sampling={"audio_top_p": 0.0})
+
+
 def test_generate_returns_the_waveform(tts):
     wav = tts.generate("Short.", seed=1, max_new_tokens=36)
     assert wav.ndim == 1 and wav.size == tts.last_profile.frames * FRAME_SAMPLES
