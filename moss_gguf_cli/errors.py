@@ -7,7 +7,13 @@ failure while doing valid work.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+
+def is_debug() -> bool:
+    """MOSS_GGUF_DEBUG=1: show tracebacks (the CLI's and the server's)."""
+    return os.environ.get("MOSS_GGUF_DEBUG", "") not in ("", "0")
 
 
 class MossGgufError(Exception):

@@ -8,7 +8,8 @@ real run) ``hold`` returns at once.
 
 The points, each placed where the step's partial output already exists:
 ``extract`` (a table written), ``convert`` (a tensor written), ``quantize`` (a tensor
-quantized), ``layout`` (a file placed), ``verify`` (the folder complete, before its checks).
+quantized), ``layout`` (a file placed), ``verify`` (the folder complete, before its checks),
+``serve`` (a request generating: its first step done, in the server's worker thread).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import threading
 import time
 
 ENV = "MOSS_GGUF_HOLD"
-POINTS = ("extract", "convert", "quantize", "layout", "verify")
+POINTS = ("extract", "convert", "quantize", "layout", "verify", "serve")
 
 _lock = threading.Lock()
 _reached: set[str] = set()

@@ -130,3 +130,73 @@ def held_run(tmp_path_factory: pytest.TempPathFactory):
     runner = HeldRun(tmp_path_factory.mktemp("holds"))
     yield runner
     runner.close()
+
+
+# ---------------------------------------------------------------- a weights folder synth speaks
+
+# the synth YAML of the tiny weights folder (paths relative to it)
+TINY_SYNTH_YAML = {
+    "backbone_gguf": "backbone_f16.gguf",
+    "embedding_dir": "embeddings",
+    "lm_head_dir": "lm_heads",
+    "tokenizer_dir": "tokenizer",
+    "audio_backend": "onnx",
+    "audio_encoder_onnx": "audio_tokenizer/encoder.onnx",
+    "audio_decoder_onnx": "audio_tokenizer/decoder.onnx",
+    "heads_backend": "auto",
+    "n_ctx": 1024,
+    "n_batch": 128,
+    "n_threads": 1,  # a shared 2-core box: spinning thread pools stall when oversubscribed
+    "max_new_tokens": 48,  # a few frames; the random model never says <|im_end|> on its own
+    "flash_attn": False,
+}
+
+
+def tiny_gguf(extracted: Path, outtype: str) -> Path:
+    """The tiny backbone as a GGUF, converted once per session beside the extraction."""
+    from moss_gguf_cli.convert import convert
+
+    out = extracted.parent / f"tiny-backbone-{outtype}.gguf"
+    if not out.is_file():
+        convert(extracted, out, outtype=outtype)
+    return out
+
+
+def write_yaml(path: Path, **values) -> Path:
+    import yaml
+
+    path.write_text(yaml.safe_dump(values, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_weights(tiny_extracted: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A weights folder as `all` lays it out (moss-tts.yaml: TINY_SYNTH_YAML), with links to
+    the session's extraction: what `synth` and `serve` speak with."""
+    import shutil
+
+    from moss_gguf_cli.tiny_codec import ensure_tiny_codec
+
+    root = tmp_path_factory.mktemp("weights")
+    (root / "backbone_f16.gguf").symlink_to(tiny_gguf(tiny_extracted, "f16"))
+    (root / "embeddings").symlink_to(tiny_extracted / "embeddings")
+    (root / "lm_heads").symlink_to(tiny_extracted / "lm_heads")
+    (root / "tokenizer").symlink_to(tiny_extracted / "qwen3_backbone")
+    shutil.copy(tiny_extracted / "extraction_meta.json", root / "extraction_meta.json")
+    ensure_tiny_codec(root / "audio_tokenizer")
+    write_yaml(root / "moss-tts.yaml", **TINY_SYNTH_YAML)
+    return root
+
+
+@pytest.fixture(scope="session")
+def reference_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A voice to clone: 0.9 s of a modulated 220 Hz tone, stereo at 16 kHz (so it is mixed
+    down and resampled to 24 kHz on the way in)."""
+    import numpy as np
+    import soundfile as sf
+
+    t = np.arange(int(16000 * 0.9)) / 16000
+    wav = 0.3 * np.sin(2 * np.pi * 220 * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))
+    path = tmp_path_factory.mktemp("ref") / "voice.wav"
+    sf.write(path, np.stack([wav, wav * 0.8], axis=1), 16000)
+    return path

@@ -14,7 +14,8 @@ from moss_gguf_cli.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[1]
 READMES = ("README.md", "README_zh.md")
-SUBCOMMANDS = {"extract", "convert", "quantize", "all", "layout", "verify", "synth", "doctor"}
+SUBCOMMANDS = {"extract", "convert", "quantize", "all", "layout", "verify", "synth", "serve",
+               "doctor"}
 
 
 def readme_options(text: str) -> set[tuple[str, str]]:

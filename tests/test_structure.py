@@ -67,6 +67,21 @@ def test_no_import_cycle():
     assert find_cycle(graph) is None, " → ".join(find_cycle(graph) or [])
 
 
+def test_only_the_cli_imports_the_server_and_it_imports_only_the_core_it_needs():
+    """serve/ sits on top: only cli/ may import it; it uses tts/, errors, progress, holds."""
+    known = modules()
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    serve = "moss_gguf_cli.serve"
+    inside = {n for n in graph if n == serve or n.startswith(f"{serve}.")}
+    assert "moss_gguf_cli.serve.scheduler" in inside  # the walk sees the package
+    importers = {n for n, deps in graph.items() if deps & inside} - inside
+    assert importers and all(n.startswith("moss_gguf_cli.cli.") for n in importers), importers
+    allowed = ("moss_gguf_cli.tts", "moss_gguf_cli.errors", "moss_gguf_cli.progress",
+               "moss_gguf_cli.holds", serve)  # fmt: skip
+    used = set().union(*(graph[n] for n in inside)) - inside
+    assert all(any(u == a or u.startswith(f"{a}.") for a in allowed) for u in used), used
+
+
 def test_the_cycle_finder_finds_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None

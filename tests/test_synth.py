@@ -13,63 +13,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-import yaml
+from conftest import TINY_SYNTH_YAML as BASE
+from conftest import write_yaml
 from typer.testing import CliRunner
 
 from moss_gguf_cli.cli.app import app
 from moss_gguf_cli.errors import InputError, UnsupportedModelError, UsageError
-from moss_gguf_cli.tiny_codec import ensure_tiny_codec
 from moss_gguf_cli.tts import SynthConfig, Synthesizer, synth_to_wav
 from moss_gguf_cli.tts.codec import FRAME_SAMPLES
 from moss_gguf_cli.tts.config import ModelInfo, find_model_info
 
-STEPS = 48  # a few frames; the random model never says <|im_end|> on its own
-
-
-def tiny_gguf(extracted: Path, outtype: str) -> Path:
-    """The tiny backbone as a GGUF, converted once per session beside the extraction."""
-    from moss_gguf_cli.convert import convert
-
-    out = extracted.parent / f"tiny-backbone-{outtype}.gguf"
-    if not out.is_file():
-        convert(extracted, out, outtype=outtype)
-    return out
-
-
-def write_yaml(path: Path, **values) -> Path:
-    path.write_text(yaml.safe_dump(values, sort_keys=False))
-    return path
-
-
-BASE = {
-    "backbone_gguf": "backbone_f16.gguf",
-    "embedding_dir": "embeddings",
-    "lm_head_dir": "lm_heads",
-    "tokenizer_dir": "tokenizer",
-    "audio_backend": "onnx",
-    "audio_encoder_onnx": "audio_tokenizer/encoder.onnx",
-    "audio_decoder_onnx": "audio_tokenizer/decoder.onnx",
-    "heads_backend": "auto",
-    "n_ctx": 1024,
-    "n_batch": 128,
-    "n_threads": 1,  # a shared 2-core box: spinning thread pools stall when oversubscribed
-    "max_new_tokens": STEPS,
-    "flash_attn": False,
-}
+STEPS = BASE["max_new_tokens"]
 
 
 @pytest.fixture(scope="module")
-def weights(tiny_extracted: Path, tmp_path_factory) -> Path:
-    """A weights folder as `all` lays it out, with links to the session's extraction."""
-    root = tmp_path_factory.mktemp("weights")
-    (root / "backbone_f16.gguf").symlink_to(tiny_gguf(tiny_extracted, "f16"))
-    (root / "embeddings").symlink_to(tiny_extracted / "embeddings")
-    (root / "lm_heads").symlink_to(tiny_extracted / "lm_heads")
-    (root / "tokenizer").symlink_to(tiny_extracted / "qwen3_backbone")
-    shutil.copy(tiny_extracted / "extraction_meta.json", root / "extraction_meta.json")
-    ensure_tiny_codec(root / "audio_tokenizer")
-    write_yaml(root / "moss-tts.yaml", **BASE)
-    return root
+def weights(tiny_weights: Path) -> Path:
+    return tiny_weights
 
 
 @pytest.fixture(scope="module")
@@ -81,15 +40,6 @@ def config(weights: Path) -> SynthConfig:
 def tts(config: SynthConfig):
     with Synthesizer(config) as synthesizer:
         yield synthesizer
-
-
-@pytest.fixture(scope="module")
-def reference_wav(tmp_path_factory) -> Path:
-    t = np.arange(int(16000 * 0.9)) / 16000
-    wav = 0.3 * np.sin(2 * np.pi * 220 * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))
-    path = tmp_path_factory.mktemp("ref") / "voice.wav"
-    sf.write(path, np.stack([wav, wav * 0.8], axis=1), 16000)  # stereo 16 kHz
-    return path
 
 
 # ---------------------------------------------------------------- config
@@ -292,6 +242,20 @@ def test_reference_voice(tts, reference_wav):
     plain = tts.synthesize("Clone this voice.", seed=5)
     # "None" (1 token) becomes "[S1]:\n" (3) + audio-start + T + 31 slots + audio-end
     assert result.profile.prompt_rows == plain.profile.prompt_rows - 1 + 3 + expected_frames + 33
+
+
+def test_one_call_may_change_the_sampling(tts, config):
+    greedy = {"text_temperature": 0, "audio_temperature": 0.0}
+    one = tts.synthesize("Hi", seed=1, max_new_tokens=36, sampling=greedy)
+    two = tts.synthesize("Hi", seed=2, max_new_tokens=36, sampling=greedy)
+    np.testing.assert_array_equal(one.rows, two.rows)  # greedy: the seed plays no part
+    sampled = tts.synthesize("Hi", seed=2, max_new_tokens=36)
+    assert not np.array_equal(sampled.rows, two.rows)  # the config's sampling again
+    assert tts.config == config
+    with pytest.raises(UsageError, match="not a sampling setting: n_ctx"):
+        tts.synthesize("Hi", sampling={"n_ctx": 128})
+    with pytest.raises(UsageError, match="audio_top_p"):
+        tts.synthesize("Hi", sampling={"audio_top_p": 0.0})
 
 
 def test_generate_returns_the_waveform(tts):

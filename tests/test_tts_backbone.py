@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import tiny_gguf
 
 from moss_gguf_cli.errors import InputError
 from moss_gguf_cli.tts.backbone import Backbone, BackboneSettings
@@ -18,16 +19,6 @@ EXACT = BackboneSettings(
     kv_cache_type_v="f32",
     flash_attn="disabled",
 )
-
-
-def tiny_gguf(extracted: Path, outtype: str) -> Path:
-    """The tiny backbone as a GGUF, converted once per session beside the extraction."""
-    from moss_gguf_cli.convert import convert
-
-    out = extracted.parent / f"tiny-backbone-{outtype}.gguf"
-    if not out.is_file():
-        convert(extracted, out, outtype=outtype)
-    return out
 
 
 @pytest.fixture(scope="module")

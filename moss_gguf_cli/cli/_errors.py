@@ -7,8 +7,10 @@ import sys
 import traceback
 from typing import NoReturn
 
-from ..errors import MossGgufError
-from ._output import is_debug, stderr
+from rich.markup import escape
+
+from ..errors import MossGgufError, is_debug
+from ._output import stderr
 
 
 def _line(exc: BaseException) -> tuple[str, int]:
@@ -32,5 +34,7 @@ def fail(exc: BaseException) -> NoReturn:
     message, code = _line(exc)
     if is_debug():
         traceback.print_exception(exc)
-    stderr.print(f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+    # escaped: a message may hold brackets (moss-gguf[serve]) that are not rich markup
+    stderr.print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True,
+                 soft_wrap=True)  # fmt: skip
     sys.exit(code)

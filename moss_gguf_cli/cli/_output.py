@@ -130,10 +130,6 @@ def info(mode: OutputMode, message: str) -> None:
         stderr.print(message, highlight=False)
 
 
-def is_debug() -> bool:
-    return os.environ.get("MOSS_GGUF_DEBUG", "") not in ("", "0")
-
-
 
 def finish_report(
     report: Any, render: Callable[..., None], *, json_: bool, quiet: bool

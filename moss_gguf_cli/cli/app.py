@@ -46,6 +46,7 @@ def _register() -> None:
         extract_cmd,
         layout_cmd,
         quantize_cmd,
+        serve_cmd,
         synth_cmd,
         verify_cmd,
     )

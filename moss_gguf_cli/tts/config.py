@@ -52,6 +52,16 @@ FLOAT_KEYS = (
 )
 STR_KEYS = ("audio_backend", "heads_backend", "kv_cache_type_k", "kv_cache_type_v")
 BOOL_KEYS = ("use_gpu_audio", "low_memory", "profile")
+# the keys one call of `Synthesizer.synthesize` may change (its ``sampling`` argument)
+SAMPLING_KEYS = (
+    "text_temperature",
+    "text_top_p",
+    "text_top_k",
+    "audio_temperature",
+    "audio_top_p",
+    "audio_top_k",
+    "audio_repetition_penalty",
+)
 # upstream keys we read without using (other backends); no warning for them
 KNOWN_UPSTREAM_KEYS = frozenset(
     {"audio_encoder_trt", "audio_decoder_trt", "audio_tokenizer_dir", "audio_tokenizer_path"}

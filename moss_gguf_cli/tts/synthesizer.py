@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, OutputError
+from ..errors import InputError, OutputError, UsageError
 from ..progress import ProgressReporter, ensure
 from .backbone import Backbone, BackboneSettings
 from .codec import FRAME_SAMPLES, SAMPLE_RATE, AudioCodec, loudness_normalize, read_reference
-from .config import ModelInfo, SynthConfig, find_model_info
+from .config import SAMPLING_KEYS, ModelInfo, SynthConfig, find_model_info
 from .delay import DelayMachine, StepPlan, generated_segments
 from .embeddings import EmbeddingTables
 from .heads import AudioHeads
@@ -196,13 +196,17 @@ class Synthesizer:
         reference_codes: np.ndarray | None = None,
         progress: ProgressReporter | None = None,
         normalize: bool = True,
+        sampling: dict[str, float] | None = None,
     ) -> SynthResult:
         """Like `generate`, returning the codes, rows and profile too.
 
         ``normalize``: clean TEXT as the reference processor does (tts/normalize.py) first.
+        ``sampling``: this call's values of the config's sampling keys (text_temperature,
+        audio_top_k, ...; SAMPLING_KEYS), checked as the YAML's are.
         """
         if self.backbone is None or self.codec is None:
             raise InputError("the synthesizer is closed")
+        sampler_config = self._sampling_config(sampling)
         progress = ensure(progress)
         profile = SynthProfile(heads_backend=self.heads.backend)
         t_start = time.perf_counter()
@@ -218,7 +222,9 @@ class Synthesizer:
         )
         prompt = self._prompt(fields, reference, reference_codes, profile)
         steps_allowed = self._steps_allowed(prompt.rows.shape[0], max_new_tokens)
-        rows = self._generate_rows(prompt, steps_allowed, seed, profile, progress)
+        rows = self._generate_rows(
+            prompt, steps_allowed, self._sampler(seed, sampler_config), profile, progress
+        )
 
         segments = _complete_frames(generated_segments(rows, self.info), self.info.audio_pad_code)
         if not segments:
@@ -271,8 +277,18 @@ class Synthesizer:
             )
         return steps_allowed
 
-    def _sampler(self, seed: int | None) -> Sampler:
-        cfg = self.config
+    def _sampling_config(self, sampling: dict[str, float] | None) -> SynthConfig:
+        if not sampling:
+            return self.config
+        other = sorted(set(sampling) - set(SAMPLING_KEYS))
+        if other:
+            raise UsageError(
+                f"not a sampling setting: {', '.join(other)}",
+                hint=f"one call may change {', '.join(SAMPLING_KEYS)}",
+            )
+        return self.config.override(**sampling)
+
+    def _sampler(self, seed: int | None, cfg: SynthConfig) -> Sampler:
         return Sampler(
             SamplingParams(cfg.text_temperature, cfg.text_top_p, cfg.text_top_k),
             SamplingParams(
@@ -288,7 +304,7 @@ class Synthesizer:
         self,
         prompt: Prompt,
         steps_allowed: int,
-        seed: int | None,
+        sampler: Sampler,
         profile: SynthProfile,
         progress: ProgressReporter,
     ) -> np.ndarray:
@@ -296,7 +312,6 @@ class Synthesizer:
         generated rows (G, 1 + n_vq). Timings and the step count go to ``profile``."""
         backbone, info = self.backbone, self.info
         assert backbone is not None
-        sampler = self._sampler(seed)
         machine = DelayMachine(info, prompt.rows)
         generated = np.empty((steps_allowed, 1 + info.n_vq), dtype=np.int64)
         embed = np.empty(self.embeddings.hidden, dtype=np.float32)

@@ -1,0 +1,190 @@
+"""A load run of `moss-gguf serve`: many requests at a fixed concurrency against one folder.
+
+    python benchmarks/serve.py [--folder W] [--requests 200] [--concurrency 8]
+        [--max-new-tokens 48] [--workdir /tmp/moss-gguf-bench] [--keep]
+
+Without --folder it speaks with the 2-layer real-dims checkpoint (written once by
+make_checkpoint.py) converted by `moss-gguf all --quant Q4_K_M` with the tiny random audio
+tokenizer (the real one is a download; the codec's cost is not what this measures) into
+WORKDIR/serve-weights, made once and removed after unless --keep.
+
+The server is started as users start it (`moss-gguf serve --config W/moss-tts.yaml`), with a
+fresh voices folder holding one registered voice. Requests cycle through the six response
+formats and three voices (default, an OpenAI name, the registered one), greedy, with a seed;
+each reply is decoded back (soundfile for wav/flac, the byte count for pcm, PyAV for
+mp3/opus/aac). Reported: status counts (no 5xx allowed), replies that did not decode, the
+server's RSS after the first 20 requests and after all (the second must be ≤ 1.05× the first),
+wall time, latency p50/p95 and audio seconds per wall second. Then SIGTERM, which must exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import av
+import httpx
+import numpy as np
+import soundfile as sf
+from _common import DEFAULT_DIR, real_dims_checkpoint, remove
+
+FORMATS = ("wav", "mp3", "opus", "flac", "aac", "pcm")
+RATE = 24000
+MOSS = [sys.executable, "-m", "moss_gguf_cli"]
+
+
+def build_folder(workdir: Path) -> Path:
+    """The 2-layer real-dims checkpoint as a Q4_K_M weights folder (made once)."""
+    from moss_gguf_cli.tiny_codec import ensure_tiny_codec
+
+    folder = workdir / "serve-weights"
+    if (folder / "moss-tts.yaml").is_file():
+        return folder
+    checkpoint = real_dims_checkpoint(workdir)
+    codec = ensure_tiny_codec(workdir / "tiny-codec")[0].parent
+    subprocess.run([*MOSS, "all", "--model", str(checkpoint), "--output", str(folder),
+                    "--quant", "Q4_K_M", "--audio-tokenizer", str(codec), "-q"],
+                   check=True)  # fmt: skip
+    return folder
+
+
+def start(folder: Path, voices: Path, log: Path) -> tuple[subprocess.Popen, str]:
+    cmd = [*MOSS, "serve", "--config", str(folder / "moss-tts.yaml"), "--port", "0",
+           "--voices", str(voices)]  # fmt: skip
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    while not (found := re.search(r"http://127\.0\.0\.1:(\d+)/v1", log.read_text())):
+        if proc.poll() is not None:
+            raise SystemExit(f"serve exited {proc.returncode}:\n{log.read_text()}")
+        time.sleep(0.1)
+    return proc, f"http://127.0.0.1:{found.group(1)}"
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def decoded_seconds(fmt: str, data: bytes) -> float:
+    """Seconds of audio in DATA; raises when it does not decode or is empty."""
+    if fmt == "pcm":
+        samples, rate = len(data) // 2, RATE
+    elif fmt in ("wav", "flac"):
+        wave, rate = sf.read(io.BytesIO(data))
+        samples = wave.shape[0]
+    else:
+        with av.open(io.BytesIO(data)) as container:
+            stream = container.streams.audio[0]
+            samples = sum(f.samples for f in container.decode(stream))
+            rate = stream.codec_context.sample_rate
+    if samples <= 0:
+        raise ValueError("no samples")
+    return samples / rate
+
+
+def one(client: httpx.Client, i: int, args: argparse.Namespace) -> dict:
+    fmt = FORMATS[i % len(FORMATS)]
+    voice = ("default", "alloy", "bench-voice")[i % 3]
+    body = {"model": "moss-tts", "input": f"Request number {i}: the quick brown fox.",
+            "voice": voice, "response_format": fmt, "seed": i, "text_temperature": 0,
+            "audio_temperature": 0, "max_new_tokens": args.max_new_tokens}  # fmt: skip
+    t0 = time.perf_counter()
+    reply = client.post("/v1/audio/speech", json=body)
+    out = {"status": reply.status_code, "latency": time.perf_counter() - t0, "format": fmt}
+    if reply.status_code == 200:
+        try:
+            out["audio_s"] = decoded_seconds(fmt, reply.content)
+        except Exception as exc:  # noqa: BLE001 - counted, reported
+            out["decode_error"] = f"{fmt}: {exc}"
+    else:
+        out["error"] = reply.text[:200]
+    return out
+
+
+def load(url: str, pid: int, args: argparse.Namespace) -> dict:
+    results: list[dict] = []
+    with httpx.Client(base_url=url, timeout=3600) as client, \
+            ThreadPoolExecutor(args.concurrency) as pool:  # fmt: skip
+        clip = np.sin(2 * np.pi * 180 * np.arange(RATE * 2) / RATE).astype(np.float32) * 0.3
+        buffer = io.BytesIO()
+        sf.write(buffer, clip, RATE, format="WAV")
+        reply = client.post("/v1/audio/voices", data={"name": "bench-voice"},
+                            files={"file": ("voice.wav", buffer.getvalue())})  # fmt: skip
+        reply.raise_for_status()
+        start = time.perf_counter()
+        first = min(20, args.requests)
+        results += pool.map(lambda i: one(client, i, args), range(first))
+        rss_first = rss_mb(pid)
+        results += pool.map(lambda i: one(client, i, args), range(first, args.requests))
+        wall = time.perf_counter() - start
+        rss_all = rss_mb(pid)
+        metrics = client.get("/metrics").text
+    latencies = sorted(r["latency"] for r in results)
+    audio = sum(r.get("audio_s", 0.0) for r in results)
+    fps = re.search(r"^moss_gguf_generation_frames_per_second (\S+)", metrics, re.M)
+    return {
+        "requests": len(results),
+        "concurrency": args.concurrency,
+        "statuses": dict(Counter(r["status"] for r in results)),
+        "server_errors": sum(r["status"] >= 500 for r in results),
+        "decode_errors": [r["decode_error"] for r in results if "decode_error" in r],
+        "other_errors": [r["error"] for r in results if "error" in r][:5],
+        "rss_after_20_mb": round(rss_first, 1),
+        "rss_after_all_mb": round(rss_all, 1),
+        "rss_ratio": round(rss_all / rss_first, 4),
+        "wall_s": round(wall, 1),
+        "latency_p50_s": round(statistics.median(latencies), 2),
+        "latency_p95_s": round(latencies[int(0.95 * (len(latencies) - 1))], 2),
+        "audio_s": round(audio, 1),
+        "audio_s_per_wall_s": round(audio / wall, 3),
+        "last_generation_frames_per_s": float(fps.group(1)) if fps else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--folder", type=Path, help="a weights folder (default: build one)")
+    parser.add_argument("--workdir", type=Path, default=DEFAULT_DIR)
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--keep", action="store_true", help="keep the folder this built")
+    args = parser.parse_args()
+
+    folder = args.folder or build_folder(args.workdir)
+    with tempfile.TemporaryDirectory(prefix="moss-serve-bench-") as tmp:
+        log = Path(tmp) / "serve.log"
+        proc, url = start(folder, Path(tmp) / "voices", log)
+        try:
+            report = load(url, proc.pid, args)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=60)
+        report["exit_code_after_sigterm"] = code
+        report["tracebacks_in_log"] = log.read_text().count("Traceback")
+    if args.folder is None and not args.keep:
+        remove(folder)
+    print(json.dumps(report, indent=2))
+    ok = (report["server_errors"] == 0 and not report["decode_errors"]
+          and report["rss_ratio"] <= 1.05 and code == 0)  # fmt: skip
+    print("PASS" if ok else "FAIL", file=sys.stderr)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()

@@ -1,0 +1,91 @@
+"""`moss-gguf serve`: an OpenAI-compatible speech server for a converted weights folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..doctor import preflight
+from ..errors import ToolError
+from ..serve import EXTRA_MODULES
+from ..serve.settings import ServeSettings
+from ._command import command
+from ._options import Quiet, Verbose
+from ._output import OutputMode, info, setup_logging
+
+EXAMPLES = """
+[b]Examples[/b]
+
+  moss-gguf serve --config weights-demo/moss-tts.yaml
+
+  moss-gguf serve --config weights/moss-tts.yaml --port 8080 --voices ~/moss-voices
+
+  moss-gguf serve --config weights/moss-tts.yaml --host 0.0.0.0 --api-key "$KEY" --max-queue 4
+
+  curl http://127.0.0.1:8000/v1/audio/speech -H 'Content-Type: application/json' \\
+      -d '{"model": "moss-tts", "input": "Hello", "voice": "default", "response_format": "wav"}' \\
+      -o hello.wav
+
+Binding anything but 127.0.0.1 / localhost needs --api-key (or $MOSS_GGUF_API_KEY); clients
+then send 'Authorization: Bearer KEY', as OpenAI clients do. Ctrl+C (or SIGTERM) stops it.
+"""
+
+
+@command(
+    "serve",
+    help="Serve the model behind a moss-tts.yaml over HTTP with OpenAI's speech API "
+    "(/v1/audio/speech, /v1/audio/voices, /v1/models, /health, /metrics). Needs the serve "
+    "extra: pip install 'moss-gguf[serve]'.",
+    epilog=EXAMPLES,
+)
+def serve_command(
+    config: Annotated[Path, typer.Option("--config", "-c", help="The moss-tts.yaml to serve.")],
+    host: Annotated[
+        str, typer.Option(help="Address to listen on; not loopback needs --api-key.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port (0 = any free one, announced).")] = 8000,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MOSS_GGUF_API_KEY",
+            help="Require 'Authorization: Bearer KEY' on every request.",
+            show_envvar=True,
+        ),
+    ] = None,
+    voices: Annotated[
+        Path | None,
+        typer.Option(help="Folder of stored voices (default: voices/ beside the config)."),
+    ] = None,
+    max_queue: Annotated[
+        int, typer.Option(help="Requests that may wait behind the running one; more get 429.")
+    ] = 16,
+    quiet: Quiet = False,
+    verbose: Verbose = False,
+) -> None:
+    mode = OutputMode(quiet=quiet, verbose=verbose)
+    setup_logging(mode)
+    settings = ServeSettings(
+        config=config, host=host, port=port, api_key=api_key, voices=voices, max_queue=max_queue
+    )
+    settings.check()  # before the imports and the model: a refused binding costs nothing
+    run_server = _server()
+    preflight(needs_quantize=False, output=None, needed_bytes=None, llama_cpp=None,
+              engine="auto", needs_runtime=True)  # fmt: skip
+    run_server(settings, lambda line: info(mode, line), quiet=quiet)
+
+
+def _server():
+    """run_server, or a one-line error naming the extra when its packages are missing."""
+    try:
+        from ..serve.server import run_server
+    except ImportError as exc:
+        top = (exc.name or "").split(".")[0]
+        if top not in EXTRA_MODULES:
+            raise
+        raise ToolError(
+            f"moss-gguf serve needs the serve extra ({top} is not installed)",
+            hint="pip install 'moss-gguf[serve]'",
+        ) from exc
+    return run_server

@@ -1,0 +1,23 @@
+"""`moss-gguf serve`: speech over HTTP, the way OpenAI clients ask for it.
+
+What lives here:
+
+- settings.py   ServeSettings (bind address, key, limits) and the binding rule
+- api_errors.py ApiError: the OpenAI error object ({"error": {message, type, param, code}})
+- schemas.py    the request bodies (pydantic), named as OpenAI's fields and the synth YAML's keys
+- audio.py      waveform → wav / pcm / flac / mp3 / opus / aac bytes; tempo change for `speed`
+- voices.py     VoiceStore: reference voices as codes on disk (atomic writes, checked names)
+- scheduler.py  Scheduler: owns the Synthesizer, a bounded queue and the one worker thread
+                that runs jobs in order (the synthesizer is not thread-safe); routes submit
+                jobs to it and never touch the synthesizer themselves
+- metrics.py    Prometheus counters, gauges and histograms (prometheus_client)
+- routes.py     the FastAPI app: /v1/audio/speech, /v1/audio/voices, /v1/models, /health,
+                /metrics; authentication and error rendering
+- server.py     run_server: load, bind, serve with uvicorn, stop cleanly on SIGINT/SIGTERM
+
+Imports: this package may import tts/, errors, progress and holds (a test's hold point);
+nothing imports it except cli/serve_cmd.py. FastAPI, uvicorn, PyAV and prometheus_client come
+with the optional `serve` extra, so only settings.py is imported before the extra is checked.
+"""
+
+EXTRA_MODULES = ("fastapi", "uvicorn", "av", "multipart", "prometheus_client", "pydantic")

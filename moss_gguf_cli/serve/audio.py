@@ -1,0 +1,113 @@
+"""A waveform as the bytes of each response format, and the tempo change behind `speed`.
+
+- wav, flac, pcm: the same 16-bit samples through soundfile (`pcm` as OpenAI's: little-endian
+  mono at the model's rate, no header);
+- mp3, opus (in Ogg), aac (in ADTS): PyAV's libmp3lame / libopus / aac encoders (ffmpeg).
+
+`speed` changes the tempo, not the pitch: ffmpeg's `atempo` filter (a waveform-similarity
+overlap-add) through PyAV. Resampling would change both, so it is not used for this.
+"""
+
+from __future__ import annotations
+
+import io
+from fractions import Fraction
+
+import numpy as np
+
+FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+MEDIA_TYPES = {
+    "mp3": "audio/mpeg",
+    "opus": "audio/ogg",
+    "aac": "audio/aac",
+    "flac": "audio/flac",
+    "wav": "audio/wav",
+    "pcm": "audio/pcm",
+}
+# (container, codec, bit rate) of the compressed formats; speech needs little
+_AV = {"mp3": ("mp3", "libmp3lame", 64_000), "opus": ("ogg", "libopus", 32_000),
+       "aac": ("adts", "aac", 64_000)}  # fmt: skip
+SPEED_RANGE = (0.25, 4.0)  # OpenAI's
+
+
+def encode(waveform: np.ndarray, rate: int, fmt: str) -> bytes:
+    """WAVEFORM (float32 mono, −1..1) as the bytes of FMT (one of FORMATS)."""
+    samples = np.clip(np.asarray(waveform, dtype=np.float32).reshape(-1), -1.0, 1.0)
+    if fmt in ("wav", "flac", "pcm"):
+        import soundfile as sf
+
+        # rounded here, once: libsndfile's own float → 16-bit rounding differs by format, and
+        # wav, flac and pcm must hold the same samples
+        ints = np.round(samples * 32767.0).astype(np.int16)
+        buffer = io.BytesIO()
+        if fmt == "pcm":  # OpenAI's: 16-bit little-endian mono, no header
+            sf.write(buffer, ints, rate, subtype="PCM_16", format="RAW", endian="LITTLE")
+        else:
+            sf.write(buffer, ints, rate, subtype="PCM_16", format=fmt.upper())
+        return buffer.getvalue()
+    if fmt in _AV:
+        return _encode_av(samples, rate, *_AV[fmt])
+    raise ValueError(f"unknown response format {fmt!r}")
+
+
+def _encode_av(samples: np.ndarray, rate: int, container: str, codec: str, bit_rate: int) -> bytes:
+    import av
+
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format=container) as out:
+        stream = out.add_stream(codec, rate=rate, layout="mono")
+        stream.bit_rate = bit_rate
+        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="flt", layout="mono")
+        frame.sample_rate = rate
+        frame.pts = 0
+        frame.time_base = Fraction(1, rate)
+        for packet in stream.encode(frame):  # PyAV re-frames to the codec's frame size
+            out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+    return buffer.getvalue()
+
+
+def change_speed(waveform: np.ndarray, rate: int, speed: float) -> np.ndarray:
+    """WAVEFORM played SPEED times as fast at the same pitch (ffmpeg's atempo)."""
+    if speed == 1.0:
+        return waveform
+    import av
+    from av.filter import Graph
+
+    graph = Graph()
+    source = graph.add_abuffer(format="flt", sample_rate=rate, layout="mono",
+                               time_base=Fraction(1, rate))  # fmt: skip
+    chain = [source]
+    for factor in _atempo_factors(speed):
+        chain.append(graph.add("atempo", f"{factor:.6f}"))
+    chain.append(graph.add("abuffersink"))
+    for a, b in zip(chain, chain[1:], strict=False):
+        a.link_to(b)
+    graph.configure()
+
+    frame = av.AudioFrame.from_ndarray(
+        np.asarray(waveform, dtype=np.float32).reshape(1, -1), format="flt", layout="mono"
+    )
+    frame.sample_rate = rate
+    frame.pts = 0
+    frame.time_base = Fraction(1, rate)
+    graph.push(frame)
+    graph.push(None)
+    pieces = []
+    while True:
+        try:
+            out = graph.pull()
+        except (av.error.EOFError, av.error.BlockingIOError):
+            break
+        pieces.append(out.to_ndarray().reshape(-1))
+    return np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, np.float32)
+
+
+def _atempo_factors(speed: float) -> list[float]:
+    """One atempo works in 0.5..100; 0.25 is two halvings (ffmpeg's advice for lower)."""
+    factors = []
+    while speed < 0.5:
+        factors.append(0.5)
+        speed /= 0.5
+    return [*factors, speed]

@@ -1,0 +1,213 @@
+"""Scheduler: the one owner of the Synthesizer, its bounded queue and its worker thread.
+
+The synthesizer is not thread-safe (one llama.cpp context, one KV cache), so one worker
+thread runs the jobs in the order they came. Routes only submit jobs and await them:
+
+    result = await scheduler.speak(SpeechJob(text="Hello", seed=1))
+    codes = await scheduler.encode_voice(Path("clip.wav"))
+
+A job that cannot wait is refused at once: 429 when `max_queue` jobs already wait behind the
+running one, 503 once shutdown() was called. A job stops at its next generation step when
+its client goes away or the server stops (the progress reporter it runs with is the
+cancellation point), so a stop takes one step, not one utterance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import MossGgufError, is_debug
+from ..holds import hold
+from ..progress import NullProgress
+from ..tts import Synthesizer, SynthProfile, SynthResult
+from .api_errors import ApiError, QueueFull, ShuttingDown
+
+log = logging.getLogger(__name__)
+
+
+class Cancelled(Exception):
+    """The job is no longer wanted (its client left, or the server is stopping)."""
+
+
+@dataclass
+class SpeechJob:
+    """One utterance, as the worker hands it to `Synthesizer.synthesize`."""
+
+    text: str
+    reference_codes: np.ndarray | None = None
+    instruction: str | None = None
+    seed: int | None = None
+    max_new_tokens: int | None = None
+    sampling: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Task:
+    run: Callable[[Synthesizer, NullProgress], Any]
+    kind: str
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+class _Watch(NullProgress):
+    """The progress reporter a job runs with: every step asks whether it is still wanted."""
+
+    def __init__(self, cancel: threading.Event):
+        self._cancel = cancel
+
+    def advance(self, key: str, amount: float = 1, description: str | None = None) -> None:
+        if key == "synth":
+            hold("serve")  # a test's fixed point: a request is generating
+        if self._cancel.is_set():
+            raise Cancelled()
+
+
+class Scheduler:
+    def __init__(
+        self,
+        tts: Synthesizer,
+        max_queue: int,
+        on_speech: Callable[[SynthProfile], None] | None = None,
+    ):
+        self.tts = tts
+        self.max_queue = max_queue
+        self._on_speech = on_speech
+        self._cond = threading.Condition()
+        self._waiting: deque[_Task] = deque()
+        self._running: _Task | None = None
+        self._closing = False
+        self._thread = threading.Thread(target=self._work, name="moss-gguf-synth", daemon=True)
+
+    # -- what routes call
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def busy(self) -> bool:
+        return self._running is not None
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def start(self) -> None:
+        self._thread.start()
+
+    async def speak(self, job: SpeechJob) -> SynthResult:
+        def run(tts: Synthesizer, watch: NullProgress) -> SynthResult:
+            return tts.synthesize(
+                job.text,
+                reference_codes=job.reference_codes,
+                instruction=job.instruction,
+                seed=job.seed,
+                max_new_tokens=job.max_new_tokens,
+                sampling=job.sampling or None,
+                progress=watch,
+            )
+
+        result = await self._submit(_Task(run, "speech"))
+        if self._on_speech is not None:
+            self._on_speech(result.profile)
+        return result
+
+    async def encode_voice(self, clip: Path) -> np.ndarray:
+        """The reference codes (T, n_vq) of an audio file (any format soundfile reads)."""
+        return await self._submit(_Task(lambda tts, _watch: tts.encode_reference(clip), "voice"))
+
+    # -- lifetime
+
+    def shutdown(self) -> None:
+        """Accept nothing more; fail what waits and stop what runs with 503. Returns at once."""
+        with self._cond:
+            if self._closing:
+                return
+            self._closing = True
+            dropped = list(self._waiting)
+            self._waiting.clear()
+            running = self._running
+            self._cond.notify_all()
+        for task in [*dropped, *([running] if running else [])]:
+            task.cancel.set()
+            _settle(task.future, error=ShuttingDown())
+        if dropped or running:
+            log.info("stopping: %d request(s) answered 503", len(dropped) + bool(running))
+
+    def close(self, timeout: float = 10.0) -> None:
+        """shutdown(), wait for the worker, free the model (unless the worker is stuck in it)."""
+        self.shutdown()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("the running request did not stop in %.0f s; leaving it", timeout)
+            return
+        self.tts.close()  # closing twice (lifespan, then run_server's finally) is harmless
+
+    # -- inside
+
+    async def _submit(self, task: _Task) -> Any:
+        with self._cond:
+            if self._closing:
+                raise ShuttingDown()
+            if len(self._waiting) + (self._running is not None) > self.max_queue:
+                raise QueueFull(self.max_queue)
+            self._waiting.append(task)
+            self._cond.notify()
+        try:
+            return await asyncio.wrap_future(task.future)
+        except asyncio.CancelledError:
+            task.cancel.set()  # the client went away: drop it, or stop it at its next step
+            raise
+
+    def _next(self) -> _Task | None:
+        with self._cond:
+            while not self._waiting and not self._closing:
+                self._cond.wait()
+            if self._closing:
+                return None
+            task = self._waiting.popleft()
+            self._running = task
+            return task
+
+    def _work(self) -> None:
+        while (task := self._next()) is not None:
+            try:
+                if task.cancel.is_set() or not task.future.set_running_or_notify_cancel():
+                    continue
+                _settle(task.future, value=task.run(self.tts, _Watch(task.cancel)))
+            except Cancelled:
+                log.info("a %s request was cancelled at a generation step", task.kind)
+                _settle(task.future, error=ShuttingDown())
+            except MossGgufError as exc:
+                _settle(task.future, error=ApiError.from_core(exc))
+            except Exception as exc:  # noqa: BLE001 - the worker must outlive any one request
+                log.error("unexpected %s in a %s request: %s", type(exc).__name__, task.kind, exc,
+                          exc_info=is_debug())  # fmt: skip
+                _settle(task.future, error=ApiError(500, f"unexpected {type(exc).__name__}: "
+                                                    f"{exc}", code="internal_error"))  # fmt: skip
+            finally:
+                with self._cond:
+                    self._running = None
+
+
+def _settle(future: concurrent.futures.Future, value: Any = None, error: Exception | None = None):
+    """Resolve FUTURE unless it already is (shutdown may have answered it first)."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+    except concurrent.futures.InvalidStateError:
+        pass
+

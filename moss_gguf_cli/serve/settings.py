@@ -1,0 +1,60 @@
+"""What `serve` is asked to do (ServeSettings) and the rule for where it may listen."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UsageError
+
+# OpenAI's limit on `input`; longer text is refused with 413 before it is queued
+MAX_INPUT_CHARS = 4096
+# a reference clip larger than this is refused with 413 (minutes of 24 kHz audio)
+MAX_UPLOAD_BYTES = 25 * 1024 * 1024
+# OpenAI's voice names: each speaks with the model's own voice (no reference)
+OPENAI_VOICES = frozenset(
+    "alloy ash ballad coral echo fable onyx nova sage shimmer verse marin cedar".split()
+)
+DEFAULT_VOICE = "default"
+# OpenAI's speech model names: clients send them by default, each means the served model
+OPENAI_MODELS = frozenset({"tts-1", "tts-1-hd", "gpt-4o-mini-tts"})
+
+
+@dataclass
+class ServeSettings:
+    config: Path  # the moss-tts.yaml to speak with
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0: any free port (the one chosen is announced)
+    api_key: str | None = None
+    voices: Path | None = None  # default: voices/ beside the config
+    max_queue: int = 16  # requests waiting behind the running one; more get 429
+
+    @property
+    def voices_dir(self) -> Path:
+        return self.voices if self.voices is not None else self.config.parent / "voices"
+
+    def check(self) -> None:
+        """Refuse settings that cannot work or that expose the model to a network unguarded."""
+        if not 0 <= self.port <= 65535:
+            raise UsageError(f"--port must be 0..65535, got {self.port}")
+        if self.max_queue < 0:
+            raise UsageError(f"--max-queue must be 0 or more, got {self.max_queue}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise UsageError("--api-key is empty", hint="pass the key clients will send")
+        if not is_loopback(self.host) and not self.api_key:
+            raise UsageError(
+                f"--host {self.host} accepts connections from other machines",
+                hint="pass --api-key KEY (clients send it as 'Authorization: Bearer KEY') "
+                "or bind 127.0.0.1",
+            )
+
+
+def is_loopback(host: str) -> bool:
+    """Only this machine can connect: localhost or a loopback address."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # another host name: it may resolve to any interface
