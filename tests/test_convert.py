@@ -369,12 +369,13 @@ def one_line_error(result) -> str:
 
 
 def backbone_copy(tiny_extracted: Path, dest: Path, *, link_weights: bool = True) -> Path:
-    """A backbone folder beside the test: small files copied, weights linked (or copied)."""
+    """A backbone folder beside the test: small files copied, weights hard-linked (a symlink
+    out of the folder would be refused) or copied."""
     src = tiny_extracted / "qwen3_backbone"
     dest.mkdir()
     for f in src.iterdir():
         if f.suffix == ".safetensors" and link_weights:
-            (dest / f.name).symlink_to(f)
+            os.link(f, dest / f.name)
         else:
             shutil.copyfile(f, dest / f.name)
     return dest
