@@ -205,7 +205,7 @@ def test_a_crashing_child_is_explained_with_the_portable_build(sig: int) -> None
     assert result.signal in result.detail
     assert "while decoding the Q4_K_M model" in result.detail
     assert result.fix.endswith(dr.PORTABLE_BUILD_FIX)
-    assert "moss_gguf_cli.cpu_features" in result.fix and "--force-reinstall" in result.fix
+    assert "moss_gguf_cli.native.cpu_features" in result.fix and "--force-reinstall" in result.fix
     assert result.cacheable  # a property of the build: no point running it again
 
 
@@ -229,7 +229,7 @@ def test_a_cached_crash_stops_all_before_anything_is_written(tmp_path, monkeypat
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "SIGSEGV" in lines[0]
-    assert "moss_gguf_cli.cpu_features" in lines[0] and "doctor --recheck" in lines[0]
+    assert "moss_gguf_cli.native.cpu_features" in lines[0] and "doctor --recheck" in lines[0]
     assert list(work.iterdir()) == []
     assert not (cache / "builtin").exists()  # stopped before even building the model
 
@@ -251,7 +251,7 @@ def test_a_cached_crash_stops_all_before_anything_is_written(tmp_path, monkeypat
 
 
 def test_disk_plan_is_all_s_own_plan(tiny_model: Path) -> None:
-    from moss_gguf_cli.pipeline import AllSettings, plan_bytes
+    from moss_gguf_cli.pipeline.run import AllSettings, plan_bytes
 
     tiny = {
         "hidden": 256,

@@ -21,9 +21,9 @@ import pytest
 import soundfile as sf
 import yaml
 
-from moss_gguf_cli.audio_tokenizer import DEFAULT_REPO
-from moss_gguf_cli.hub import git_blob_id
-from moss_gguf_cli.tiny_codec import write_tiny_codec
+from moss_gguf_cli.source.audio_tokenizer import DEFAULT_REPO
+from moss_gguf_cli.source.hub import git_blob_id
+from moss_gguf_cli.source.tiny_codec import write_tiny_codec
 
 GGUF_REPO = "OpenMOSS-Team/MOSS-TTS-GGUF"
 COMMIT = "89abcdef0123456789abcdef0123456789abcdef"

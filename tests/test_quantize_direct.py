@@ -18,12 +18,12 @@ import gguf
 import numpy as np
 import pytest
 
-from moss_gguf_cli import llama_cpp as lc
-from moss_gguf_cli.convert import convert
 from moss_gguf_cli.errors import UsageError
-from moss_gguf_cli.quantize import QuantizeSettings, inspect_gguf, load_imatrix
-from moss_gguf_cli.quantize_direct import quantize_checkpoint
-from moss_gguf_cli.tiny import TinySpec, write_tiny
+from moss_gguf_cli.native import llama_tools as lc
+from moss_gguf_cli.pipeline.convert import convert
+from moss_gguf_cli.quantize.direct import quantize_checkpoint
+from moss_gguf_cli.quantize.llama import QuantizeSettings, inspect_gguf, load_imatrix
+from moss_gguf_cli.source.tiny import TinySpec, write_tiny
 
 TYPES = ["Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"]
 
@@ -137,7 +137,7 @@ def test_thread_count_does_not_change_a_byte(tiny_model, tmp_path):
 
 def test_the_digest_taken_while_writing_is_the_files(tiny_model, tmp_path):
     """layout's manifest reuses it instead of hashing the GGUF again: it must be exact."""
-    from moss_gguf_cli.digests import known_checked_gguf, known_sha256, sha256_file
+    from moss_gguf_cli.disk.digests import known_checked_gguf, known_sha256, sha256_file
 
     results = direct(tiny_model, tmp_path, ["Q4_K_M", "Q8_0"]).results
     for r in results:
@@ -173,7 +173,7 @@ def _rchar() -> int:
 
 
 def test_three_types_read_the_source_once(tiny_model, tmp_path):
-    from moss_gguf_cli.convert import open_backbone
+    from moss_gguf_cli.pipeline.convert import open_backbone
 
     source = sum(t.nbytes for t in open_backbone(tiny_model).tensors.values())
 
@@ -195,7 +195,7 @@ def test_three_types_read_the_source_once(tiny_model, tmp_path):
 def test_a_type_two_outputs_share_is_quantized_once(tiny_model, tmp_path, monkeypatch):
     """Q4_K_M's Q6_K tensors are the Q6_K file's bytes: one run making both quantizes them
     once (the byte-identity test above checks the shared bytes are right in both files)."""
-    from moss_gguf_cli import ggml_lib
+    from moss_gguf_cli.native import libggml as ggml_lib
 
     counted: dict[int, int] = {}
     lock = threading.Lock()  # the pool's threads call it at once
@@ -250,7 +250,7 @@ def test_every_bf16_value_widens_as_the_f16_intermediate_holds_it():
     bf16 → f16 → f32, for every finite bf16 pattern within float16's range."""
     import ml_dtypes
 
-    from moss_gguf_cli.quantize_direct import _QT, _widen_into
+    from moss_gguf_cli.quantize.direct import _QT, _widen_into
 
     bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     bits = bits[(bits & 0x7FFF) < 0x4780]  # the reader refuses the rest (inf in f16, NaN)

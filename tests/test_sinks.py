@@ -10,9 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moss_gguf_cli.digests import _DIGESTS, _identity, sha256_cached
-from moss_gguf_cli.extract import extract
-from moss_gguf_cli.sinks import (
+from moss_gguf_cli.disk.digests import _DIGESTS, _identity, sha256_cached
+from moss_gguf_cli.disk.sinks import (
     DIRECT_BYTES,
     WRITE_BEHIND_BYTES,
     DirectSink,
@@ -21,6 +20,7 @@ from moss_gguf_cli.sinks import (
     appender,
     preallocate,
 )
+from moss_gguf_cli.pipeline.extract import extract
 
 HEADER = b"H" * 4099  # not a whole block: the direct sink must keep it intact
 
@@ -176,7 +176,7 @@ def test_extract_for_a_reader_hashes_tables_while_writing(tiny_model: Path, tmp_
 
 
 def test_a_remembered_digest_is_forgotten_once_the_file_changes(tmp_path: Path) -> None:
-    from moss_gguf_cli.digests import known_sha256, remember_sha256
+    from moss_gguf_cli.disk.digests import known_sha256, remember_sha256
 
     path = tmp_path / "f.bin"
     path.write_bytes(b"abc")

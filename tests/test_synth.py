@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from moss_gguf_cli.cli.app import app
 from moss_gguf_cli.errors import InputError, UnsupportedModelError, UsageError
-from moss_gguf_cli.tiny_codec import ensure_tiny_codec
+from moss_gguf_cli.source.tiny_codec import ensure_tiny_codec
 from moss_gguf_cli.tts import SynthConfig, Synthesizer, synth_to_wav
 from moss_gguf_cli.tts.codec import FRAME_SAMPLES
 from moss_gguf_cli.tts.config import ModelInfo, find_model_info
@@ -28,7 +28,7 @@ STEPS = 48  # a few frames; the random model never says <|im_end|> on its own
 
 def tiny_gguf(extracted: Path, outtype: str) -> Path:
     """The tiny backbone as a GGUF, converted once per session beside the extraction."""
-    from moss_gguf_cli.convert import convert
+    from moss_gguf_cli.pipeline.convert import convert
 
     out = extracted.parent / f"tiny-backbone-{outtype}.gguf"
     if not out.is_file():

@@ -22,7 +22,7 @@ EXACT = BackboneSettings(
 
 def tiny_gguf(extracted: Path, outtype: str) -> Path:
     """The tiny backbone as a GGUF, converted once per session beside the extraction."""
-    from moss_gguf_cli.convert import convert
+    from moss_gguf_cli.pipeline.convert import convert
 
     out = extracted.parent / f"tiny-backbone-{outtype}.gguf"
     if not out.is_file():
@@ -44,10 +44,10 @@ def gguf_f16(tiny_extracted: Path) -> Path:
 
 
 class Qwen3Reference:
-    """The team's float64 torch forward (moss_gguf_cli.reference) over input embeddings."""
+    """The team's float64 torch forward (moss_gguf_cli.verify.reference) over input embeddings."""
 
     def __init__(self, source: Path):
-        from moss_gguf_cli import reference
+        from moss_gguf_cli.verify import reference
 
         self._reference = reference
         self._weights = reference.load_weights(source)

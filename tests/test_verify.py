@@ -20,14 +20,14 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from moss_gguf_cli import tiny
 from moss_gguf_cli.cli.app import app
-from moss_gguf_cli.convert import convert
 from moss_gguf_cli.errors import InputError, UsageError
-from moss_gguf_cli.layout import layout
+from moss_gguf_cli.pipeline.convert import convert
+from moss_gguf_cli.pipeline.layout import layout
 from moss_gguf_cli.progress import RecordingProgress
-from moss_gguf_cli.quantize import quantize
-from moss_gguf_cli.tiny_codec import ensure_tiny_codec
+from moss_gguf_cli.quantize.llama import quantize
+from moss_gguf_cli.source import tiny
+from moss_gguf_cli.source.tiny_codec import ensure_tiny_codec
 from moss_gguf_cli.verify import (
     SCALE_OFFSETS,
     VerifyReport,
@@ -585,8 +585,8 @@ def test_tables_written_in_this_process_give_the_same_report_unread(
 ) -> None:
     # `all` extracts with remember=True; its verify then takes the writer's checks instead
     # of reading the tables again. The report must be the one a fresh read gives.
-    from moss_gguf_cli import digests
-    from moss_gguf_cli.extract import extract
+    from moss_gguf_cli.disk import digests
+    from moss_gguf_cli.pipeline.extract import extract
 
     out = tmp_path / "ex"
     result = extract(tiny_model, out, backbone_weights=False, remember=True)
@@ -607,7 +607,7 @@ def test_tables_written_in_this_process_give_the_same_report_unread(
 def test_a_table_changed_after_it_was_written_is_read_again(
     tiny_model: Path, tmp_path: Path
 ) -> None:
-    from moss_gguf_cli.extract import extract
+    from moss_gguf_cli.pipeline.extract import extract
 
     out = tmp_path / "ex"
     extract(tiny_model, out, backbone_weights=False, remember=True)

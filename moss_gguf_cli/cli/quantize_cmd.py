@@ -9,10 +9,10 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from ..disk.staging import human_bytes
 from ..doctor import preflight, quantize_bytes
 from ..errors import UsageError
-from ..quantize import Engine, QuantizeSettings, parse_file_type, plan_quantize, quantize
-from ..staging import human_bytes
+from ..quantize.llama import Engine, QuantizeSettings, parse_file_type, plan_quantize, quantize
 from ._command import command
 from ._options import Force, LlamaCppDir, Quiet, Verbose
 from ._output import OutputMode, info, progress_for, setup_logging, stderr

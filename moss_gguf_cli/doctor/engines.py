@@ -6,8 +6,8 @@ import logging
 import os
 from pathlib import Path
 
-from .. import llama_cpp as lc
 from ..errors import MossGgufError, ToolError
+from ..native import llama_tools as lc
 from ..report import FAIL, PASS, WARN, CheckRow
 from .environment import cpu_fit_row, cpu_info, dist_version, error_row, libllama_path
 from .runtime import PORTABLE_BUILD_FIX, ProbeResult, signal_name, write_probe_gguf
@@ -17,14 +17,14 @@ log = logging.getLogger(__name__)
 
 TREE_PORTABLE_FIX = (
     "rebuild it with this CPU's flags: bash scripts/get-llama-cpp.sh "
-    "(cmake with `python -m moss_gguf_cli.cpu_features`)"
+    "(cmake with `python -m moss_gguf_cli.native.cpu_features`)"
 )
 
 
 def resolve_engine(engine: str, llama_cpp: Path | None) -> tuple[str, Path | None]:
     """Which engine `quantize --engine ENGINE` would use, and its binary: quantize's own rules."""
-    from ..quantize import parse_engine
-    from ..quantize import resolve_engine as resolve
+    from ..quantize.llama import parse_engine
+    from ..quantize.llama import resolve_engine as resolve
 
     resolved, exe = resolve(parse_engine(engine), llama_cpp)
     return resolved.value, exe

@@ -15,10 +15,10 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from ..cpu_features import REINSTALL_HINT, build_fit
+from ..disk.staging import human_bytes
 from ..errors import MossGgufError
+from ..native.cpu_features import REINSTALL_HINT, build_fit
 from ..report import FAIL, PASS, WARN, CheckRow
-from ..staging import human_bytes
 
 REAL_MODEL_REPO = "OpenMOSS-Team/MOSS-TTS"
 

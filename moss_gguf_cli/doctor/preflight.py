@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import llama_cpp as lc
+from ..disk.staging import human_bytes
 from ..errors import OutputError, ToolError
+from ..native import llama_tools as lc
 from ..report import FAIL, PASS, WARN, CheckRow
-from ..staging import human_bytes
 from .engines import resolve_engine
 from .environment import REAL_MODEL_REPO, model_cached
 from .runtime import RECHECK_HINT, runtime_probe
@@ -68,7 +68,7 @@ def model_plan(
 ) -> DiskPlan:
     """Bytes of each part `all` writes for a MOSS model of these dims (see REAL_MODEL);
     direct: quantized straight from the checkpoint, with no f16 GGUF between."""
-    from ..quantize import APPROX_BPW  # the bits per weight `all` plans its own disk with
+    from ..quantize.llama import APPROX_BPW  # the bits per weight `all` plans its own disk with
 
     h, f, d = dims["hidden"], dims["intermediate"], dims["head_dim"]
     q, kv = dims["heads"] * d, dims["kv_heads"] * d
@@ -91,7 +91,7 @@ def real_model_plan(
     """What `all --model OpenMOSS-Team/MOSS-TTS` needs, from the dims of docs/ARCHITECTURE.md §1;
     direct None: with the engine `all` would pick here (direct where it runs)."""
     if direct is None:
-        from ..quantize_direct import available
+        from ..quantize.direct import available
 
         direct = available() is None
     return model_plan(REAL_MODEL, quants, direct)
@@ -189,8 +189,8 @@ def preflight(
     The probe runs once per installed llama.cpp build (cached); a passing build costs a
     file read. Nothing is written besides that cache.
     """
-    from ..quantize import Engine
-    from ..quantize import parse_engine as _parse_engine
+    from ..quantize.llama import Engine
+    from ..quantize.llama import parse_engine as _parse_engine
 
     probe_needed = needs_runtime
     if needs_quantize:
@@ -222,7 +222,7 @@ def preflight(
 
 def quantize_bytes(n_elements: int, file_types: list[str]) -> int:
     """Rough output bytes of quantizing n_elements weights to each type (for pre-flight)."""
-    from ..quantize import APPROX_BPW
+    from ..quantize.llama import APPROX_BPW
 
     margin = 16 << 20  # header and vocabulary: ~7 MB for the real 155k-token one
     return int(sum(n_elements * APPROX_BPW.get(t.upper(), 16) / 8 for t in file_types)) + margin

@@ -25,9 +25,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .. import llama_cpp as lc
-from ..cpu_features import REINSTALL_HINT
 from ..errors import MossGgufError
+from ..native import llama_tools as lc
+from ..native.cpu_features import REINSTALL_HINT
 from ..report import FAIL, PASS, WARN
 from .environment import _cpu_id, cpu_info, dist_version, libllama_path, one_line
 
@@ -116,7 +116,7 @@ def probe_key() -> dict[str, Any] | None:
 
 def probe_cache_path(key: dict[str, Any]) -> Path:
     """Where the probe result of this build is kept, under the moss-gguf cache."""
-    from ..tiny import cache_root
+    from ..source.tiny import cache_root
 
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     return cache_root() / "doctor" / f"llama-runtime-{digest}.json"
@@ -515,7 +515,7 @@ def probe_child_main(workdir: str | Path) -> int:
             llama_cpp.llama_backend_init()
         except Exception as exc:  # noqa: BLE001 - a broken install raises anything
             return finish({"ok": False, "kind": "missing", "error": one_line(exc)}, 5)
-        from ..quantize import quantize
+        from ..quantize.llama import quantize
 
         current = "writing the f16 probe GGUF"
         stage(current)

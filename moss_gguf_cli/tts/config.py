@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, UnsupportedModelError, UsageError
-from ..synth_defaults import SYNTH_DEFAULTS as D
-from ..token_ids import TOKEN_DEFAULTS
+from ..source.token_ids import TOKEN_DEFAULTS
+from .defaults import SYNTH_DEFAULTS as D
 
 log = logging.getLogger(__name__)
 
@@ -336,7 +336,7 @@ class ModelInfo:
 
     @classmethod
     def from_moss_config(cls, config: dict[str, Any], source: Path | None = None) -> ModelInfo:
-        from ..checkpoint import variant_name
+        from ..source.checkpoint import variant_name
 
         def number(key: str, default: int) -> int:
             value = config.get(key, default)

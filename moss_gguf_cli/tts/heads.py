@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import ggml_lib
 from ..errors import InputError
+from ..native import libggml as ggml_lib
 from .embeddings import open_table
 
 log = logging.getLogger(__name__)

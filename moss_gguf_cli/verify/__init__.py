@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from ..errors import UsageError
-from ..gguf_read import GgufFile, GgufFormatError, GgufTensorInfo, file_type_name, read_gguf
+from ..gguf.read import GgufFile, GgufFormatError, GgufTensorInfo, file_type_name, read_gguf
 from ..progress import ProgressReporter, ensure
 from ..report import FAIL, PASS, WARN, CheckRow
 from .context import Context

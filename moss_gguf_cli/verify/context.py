@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import MossCheckpoint
-from ..gguf_read import GgufFile
+from ..gguf.read import GgufFile
 from ..progress import ProgressReporter
 from ..report import Rows
+from ..source.checkpoint import MossCheckpoint
 from .facts import Facts
 from .quality import QualitySummary
 from .result import DeepResult

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import MossConfig
 from ..errors import MossGgufError
 from ..report import FAIL, Rows
-from ..token_ids import TOKEN_DEFAULTS
+from ..source.checkpoint import MossConfig
+from ..source.token_ids import TOKEN_DEFAULTS
 
 
 @dataclass
@@ -59,7 +59,7 @@ class Facts:
 
 
 def facts_from_config(config: dict[str, Any], origin: str, path: Path | None = None) -> Facts:
-    from ..gguf_write import Qwen3Params
+    from ..gguf.write import Qwen3Params
 
     moss = MossConfig.from_dict(config, path)
     try:

@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from ..checkpoint import safe_child
+from ..disk.layout_names import BACKBONE_DIR, META_NAME
 from ..errors import InputError, MossGgufError
-from ..folders import BACKBONE_DIR, META_NAME
 from ..report import FAIL, WARN
+from ..source.checkpoint import safe_child
 from .context import Context
 from .target import shown_path
 
@@ -89,8 +89,8 @@ def file_rows(ctx: Context) -> None:
 
 def _backbone_weights(ctx: Context) -> None:
     """An extract folder's qwen3_backbone/: config, shards and every tensor's shape."""
-    from ..convert import open_backbone
-    from ..gguf_write import OutType, plan_tensors
+    from ..gguf.write import OutType, plan_tensors
+    from ..pipeline.convert import open_backbone
 
     r = ctx.rows
     folder = ctx.t.backbone_dir

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoint import TensorRef
-from ..digests import known_checked_gguf, known_sha256, known_table, sha256_file
-from ..gguf_read import GgufFile
+from ..disk.digests import known_checked_gguf, known_sha256, known_table, sha256_file
+from ..gguf.read import GgufFile
+from ..source.checkpoint import TensorRef
 from .context import CHUNK_BYTES, WORKERS, Context
 from .structure import expected_tables, manifest_entries, manifest_row, table_rows
 from .target import shown_path
@@ -325,7 +325,7 @@ def file_pass(ctx: Context) -> None:
     jobs: dict[Path, FileJob] = {}
     src_tables: dict[str, TensorRef] = {}
     if ctx.ck is not None:
-        from ..extract import npy_jobs
+        from ..pipeline.extract import npy_jobs
 
         src_tables = {Path(j.relpath).name: j.source for j in npy_jobs(ctx.ck)}
     for key, name, shape in expected_tables(ctx) if t.kind != "gguf" else []:

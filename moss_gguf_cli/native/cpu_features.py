@@ -6,7 +6,7 @@ matmul; a fixed portable list (AVX-512 forced on) dies with an illegal instructi
 without AVX-512. So the install script asks this module for the flags: every ggml option is
 set explicitly from the CPU's ``/proc/cpuinfo`` flags, AMX always off.
 
-Stdlib only, so ``scripts/install.sh`` can run it (``python -m moss_gguf_cli.cpu_features``)
+Stdlib only, so ``scripts/install.sh`` can run it (``python -m moss_gguf_cli.native.cpu_features``)
 before anything is installed.
 """
 
@@ -39,7 +39,7 @@ GGML_ISA_OPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 # How to (re)install llama-cpp-python built for the CPU the command runs on.
 REINSTALL_HINT = (
-    'CMAKE_ARGS="$(python -m moss_gguf_cli.cpu_features)" pip install --force-reinstall '
+    'CMAKE_ARGS="$(python -m moss_gguf_cli.native.cpu_features)" pip install --force-reinstall '
     f"--no-cache-dir llama-cpp-python=={LLAMA_CPP_PYTHON} (scripts/install.sh does this)"
 )
 # Never turned on: the AMX build is the one that crashed (see the module docstring).
@@ -171,7 +171,7 @@ def main(argv: list[str]) -> int:
     elif argv[1:] == ["--enabled"]:
         print(" ".join(flags.enabled) if x86 else "llama.cpp defaults")
     else:
-        print("usage: python -m moss_gguf_cli.cpu_features [--cmake-args|--key|--enabled]",
+        print("usage: python -m moss_gguf_cli.native.cpu_features [--cmake-args|--key|--enabled]",
               file=sys.stderr)
         return 2
     return 0

@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import InputError, UsageError
+from ..errors import InputError, UsageError
+from ..progress import ProgressReporter
 from .hub import download, is_repo_id
-from .progress import ProgressReporter
 
 DEFAULT_REPO = "OpenMOSS-Team/MOSS-Audio-Tokenizer-ONNX"
 SAMPLE_RATE = 24000  # MOSS-Audio-Tokenizer's rate: 12.5 frames/s of 1920 samples
@@ -70,7 +70,7 @@ def _graphs(folder: Path) -> tuple[Path | None, Path | None]:
 
 def open_folder(folder: Path, source: str | None = None) -> AudioTokenizer:
     """Check an ONNX audio tokenizer folder: both graphs' contract and their data files."""
-    from .tts.codec import check_graph_file
+    from ..tts.codec import check_graph_file
 
     folder = Path(folder)
     what = source or str(folder)

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InputError
-from .qwen3_names import layer_shapes
+from ..errors import InputError
+from ..gguf.qwen3_names import layer_shapes
 from .safetensors_io import PlannedTensor, build_header
 from .token_ids import TOKEN_DEFAULTS
 

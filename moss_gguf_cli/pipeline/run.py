@@ -24,17 +24,21 @@ from pathlib import Path
 
 import numpy as np
 
-from .audio_tokenizer import AudioTokenizer
-from .audio_tokenizer import default_source as default_codec
-from .audio_tokenizer import resolve as resolve_codec
-from .checkpoint import open_checkpoint, resolve_model
-from .digests import remember_sha256
-from .errors import InputError, OutputError, ToolError, UsageError
+from ..disk.digests import remember_sha256
+from ..disk.layout_names import CONFIG_NAME, MANIFEST_NAME, META_NAME
+from ..disk.staging import human_bytes
+from ..errors import InputError, OutputError, ToolError, UsageError
+from ..native.llama_tools import LIBRARY_HINT
+from ..progress import ProgressReporter, ensure
+from ..quantize.llama import APPROX_BPW
+from ..source.audio_tokenizer import AudioTokenizer
+from ..source.audio_tokenizer import default_source as default_codec
+from ..source.audio_tokenizer import resolve as resolve_codec
+from ..source.checkpoint import open_checkpoint, resolve_model
+from ..source.preconverted import GgufRepo, choose, derive_meta, fetch, recognise, write_meta
 from .extract import npy_jobs
-from .folders import CONFIG_NAME, MANIFEST_NAME, META_NAME
 from .layout import Placement, arrange, audio_tokenizer_files
-from .llama_cpp import LIBRARY_HINT
-from .pipeline_steps import (
+from .steps import (
     STEPS,
     AllSettings,
     ConvertStep,
@@ -47,10 +51,6 @@ from .pipeline_steps import (
     source_pages,
     verify_folder,
 )
-from .preconverted import GgufRepo, choose, derive_meta, fetch, recognise, write_meta
-from .progress import ProgressReporter, ensure
-from .quantize import APPROX_BPW
-from .staging import human_bytes
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +117,8 @@ def _known_engine(engine: str) -> None:
 
 def choose_engine(engine: str, llama_cpp: Path | None) -> str:
     """The engine `all` quantizes with: direct where it can run (auto), else a two-pass one."""
-    from . import quantize_direct
-    from .quantize import parse_engine, resolve_engine
+    from ..quantize import direct as quantize_direct
+    from ..quantize.llama import parse_engine, resolve_engine
 
     _known_engine(engine)
     if engine in ("auto", "direct"):
@@ -156,7 +156,7 @@ def _resolve(
     """Everything before the first step: the settings checked, doctor's pre-flight, the codec
     and the model found, the engine chosen, the output and the disk checked, the work folder
     made. Up front, so that a run that cannot finish stops before its long work."""
-    from .quantize import output_name
+    from ..quantize.llama import output_name
 
     output = Path(settings.output)
     quants = _check_settings(settings)
@@ -188,7 +188,7 @@ def _resolve(
 
 def _check_settings(settings: AllSettings) -> list[str]:
     """What a run refuses before it looks at anything; the canonical quant type names."""
-    from .quantize import parse_file_type
+    from ..quantize.llama import parse_file_type
 
     quants = [parse_file_type(q) for q in settings.quants] or ["Q4_K_M"]
     if settings.outtype not in ("auto", "f16", "bf16"):
@@ -202,7 +202,7 @@ def _check_settings(settings: AllSettings) -> list[str]:
 def _preflight_tools(settings: AllSettings) -> None:
     """doctor's pre-flight before any download: an engine, and a llama.cpp that runs here
     (its probe is cached per installed build); the disk follows with the plan's count."""
-    from .doctor import preflight
+    from ..doctor import preflight
 
     preflight(
         needs_quantize=True,
@@ -216,7 +216,7 @@ def _preflight_tools(settings: AllSettings) -> None:
 
 def _preflight_engine(engine: str) -> str:
     """The quantize engine doctor's pre-flight checks for `all --engine ENGINE`."""
-    from . import quantize_direct
+    from ..quantize import direct as quantize_direct
 
     if engine in ("auto", "direct") and quantize_direct.available() is None:
         return "library"  # the direct engine runs libllama's dry run and libggml
@@ -249,7 +249,7 @@ def _refuse_other_output(output: Path, what: str) -> None:
 
 def _preflight_disk(model_dir: Path, settings: AllSettings, output: Path, direct: bool) -> None:
     """The disk of the output's folder holds the whole plan (before anything is written)."""
-    from .doctor import preflight
+    from ..doctor import preflight
 
     needed = plan_bytes(model_dir, settings, direct)
     preflight(

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError
+from ..errors import InputError
 
 # GGUF value types: struct formats of the scalars; 8 is a string, 9 an array
 _SCALARS = {

@@ -31,11 +31,13 @@ import gguf
 import ml_dtypes
 import numpy as np
 
-from . import ggml_lib
-from . import llama_cpp as lc
-from .digests import remember_checked_gguf
-from .errors import InputError, ToolError, UsageError
-from .gguf_stream import (
+from ..disk.digests import remember_checked_gguf
+from ..disk.page_cache import SourcePages
+from ..disk.sinks import appender
+from ..disk.staging import staged_file
+from ..errors import InputError, ToolError, UsageError
+from ..gguf.imatrix import OVERRIDE_STR_BYTES, ImatrixData, imatrix_kvs
+from ..gguf.stream import (
     CHUNK_BYTES,
     GGUFTensor,
     Scratch,
@@ -43,11 +45,12 @@ from .gguf_stream import (
     convert_rows,
     produce_chunks,
 )
-from .gguf_write import GGUFPlan, write_header
-from .holds import hold
-from .imatrix import OVERRIDE_STR_BYTES, ImatrixData, imatrix_kvs
-from .progress import ProgressReporter, ensure
-from .quantize import (
+from ..gguf.write import GGUFPlan, write_header
+from ..hold_points import hold
+from ..native import libggml as ggml_lib
+from ..native import llama_tools as lc
+from ..progress import ProgressReporter, ensure
+from .llama import (
     Engine,
     QuantizeJob,
     QuantizeResult,
@@ -56,9 +59,6 @@ from .quantize import (
     _library_quantize,
     file_types,
 )
-from .sinks import appender
-from .source_pages import SourcePages
-from .staging import staged_file
 
 log = logging.getLogger(__name__)
 
@@ -577,9 +577,9 @@ def quantize_checkpoint(
     ``outtype`` auto rounds through f16 unless a tensor overflows it, then through bf16,
     as `all`'s two-pass path chooses its intermediate.
     """
-    from .convert import open_backbone, plan_native
-    from .errors import NumericError
-    from .gguf_write import OutType, plan_tensors
+    from ..errors import NumericError
+    from ..gguf.write import OutType, plan_tensors
+    from ..pipeline.convert import open_backbone, plan_native
 
     backbone = open_backbone(Path(model))
     notes: list[str] = []

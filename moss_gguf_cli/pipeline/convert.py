@@ -23,17 +23,12 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import (
-    MossConfig,
-    open_checkpoint,
-    read_json,
-    read_tensors,
-)
-from .errors import InputError, OutputError, ToolError, UnsupportedModelError, UsageError
-from .extract import backbone_config, extract
-from .folders import BACKBONE_DIR, META_NAME
-from .gguf_vocab import read_vocab
-from .gguf_write import (
+from ..disk.layout_names import BACKBONE_DIR, META_NAME
+from ..disk.page_cache import SourcePages
+from ..disk.staging import check_free_space, check_target, staged_file
+from ..errors import InputError, OutputError, ToolError, UnsupportedModelError, UsageError
+from ..gguf.vocab import read_vocab
+from ..gguf.write import (
     GGUFPlan,
     GGUFTensor,
     OutType,
@@ -42,9 +37,14 @@ from .gguf_write import (
     plan_tensors,
     write_gguf,
 )
-from .progress import ProgressReporter, ensure
-from .source_pages import SourcePages
-from .staging import check_free_space, check_target, staged_file
+from ..progress import ProgressReporter, ensure
+from ..source.checkpoint import (
+    MossConfig,
+    open_checkpoint,
+    read_json,
+    read_tensors,
+)
+from .extract import backbone_config, extract
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +284,7 @@ def convert(
 
 def locate_converter(llama_cpp: Path | str | None) -> tuple[Path, Path | None]:
     """(convert_hf_to_gguf.py, the tree's gguf-py or None) from DIR or $LLAMA_CPP_DIR."""
-    from .llama_cpp import CONVERT_SCRIPT, GET_SCRIPT_HINT, find_llama_cpp
+    from ..native.llama_tools import CONVERT_SCRIPT, GET_SCRIPT_HINT, find_llama_cpp
 
     tree = find_llama_cpp(llama_cpp)
     if tree is None or tree.root is None:
@@ -412,7 +412,7 @@ def run_converter(
     progress: ProgressReporter | None = None,
 ) -> dict[str, int]:
     """Run convert_hf_to_gguf.py on model_dir; returns the tensor type counts it reported."""
-    from .llama_cpp import last_lines, run_streaming
+    from ..native.llama_tools import last_lines, run_streaming
 
     parser = ConverterLogParser(ensure(progress), n_tensors, total_bytes)
     cmd = build_convert_cmd(script, model_dir, outfile, outtype.value)

@@ -19,9 +19,9 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from .errors import InputError, NumericError
-from .holds import hold
-from .source_pages import SourcePages
+from ..disk.page_cache import SourcePages
+from ..errors import InputError, NumericError
+from ..hold_points import hold
 
 CHUNK_BYTES = 16 * 1024 * 1024  # source bytes converted at once; bounds the working memory
 QT = gguf.GGMLQuantizationType

@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import InputError
-from .progress import ProgressReporter, ensure
+from ..errors import InputError
+from ..progress import ProgressReporter, ensure
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _CHUNK = 8 << 20

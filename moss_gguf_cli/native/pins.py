@@ -2,7 +2,7 @@
 
 ``pyproject.toml`` requires exactly this version; ``scripts/install.sh``,
 ``scripts/get-llama-cpp.sh`` and the tests read it from here
-(``python -m moss_gguf_cli.pins llama-cpp-python``), so a new llama-cpp-python release
+(``python -m moss_gguf_cli.native.pins llama-cpp-python``), so a new llama-cpp-python release
 cannot change what CI tests without a commit. Stdlib only: the scripts run it before
 anything is installed.
 """
@@ -18,7 +18,7 @@ PINS = {"llama-cpp-python": LLAMA_CPP_PYTHON}
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[1] not in PINS:
-        print(f"usage: python -m moss_gguf_cli.pins {{{','.join(PINS)}}}", file=sys.stderr)
+        print(f"usage: python -m moss_gguf_cli.native.pins {{{','.join(PINS)}}}", file=sys.stderr)
         return 2
     print(PINS[argv[1]])
     return 0

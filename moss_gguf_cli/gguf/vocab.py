@@ -17,7 +17,7 @@ from typing import Any
 
 import gguf
 
-from .errors import InputError, ToolError, UnsupportedModelError
+from ..errors import InputError, ToolError, UnsupportedModelError
 
 ENGINE_HINT = "use --engine llama.cpp for this model"
 

@@ -21,19 +21,19 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from .audio_tokenizer import AudioTokenizer
-from .checkpoint import open_checkpoint
-from .errors import MossGgufError, NumericError
+from ..disk.layout_names import BACKBONE_DIR, EMBEDDING_DIR, LM_HEAD_DIR, MANIFEST_NAME
+from ..disk.page_cache import SourcePages
+from ..disk.staging import human_bytes, remove_stale_partials
+from ..errors import MossGgufError, NumericError
+from ..hold_points import hold
+from ..progress import ProgressReporter
+from ..source.audio_tokenizer import AudioTokenizer
+from ..source.checkpoint import open_checkpoint
 from .extract import extract, npy_jobs
-from .folders import BACKBONE_DIR, EMBEDDING_DIR, LM_HEAD_DIR, MANIFEST_NAME
-from .holds import hold
 from .layout import LayoutMode, expected_tables, layout, read_meta
-from .progress import ProgressReporter
-from .source_pages import SourcePages
-from .staging import human_bytes, remove_stale_partials
 
 if TYPE_CHECKING:
-    from .quantize_direct import CheckpointQuantized
+    from ..quantize.direct import CheckpointQuantized
 
 log = logging.getLogger(__name__)
 
@@ -294,7 +294,7 @@ class QuantizeStep(Step):
             results, ctx.intermediate = q.results, q.intermediate
             ctx.notes += q.notes
         else:
-            from .quantize import quantize
+            from ..quantize.llama import quantize
 
             results = quantize(
                 ctx.intermediate,
@@ -379,7 +379,7 @@ def source_pages(ctx: RunContext, extracting: bool) -> SourcePages | None:
 
 def verify_folder(output: Path, progress: ProgressReporter) -> tuple[object, str]:
     """verify's fast checks of a finished folder; raises on a failing row. (report, detail)"""
-    from .verify import CODEC_ROW, verify  # an import error fails the step, never "done"
+    from ..verify import CODEC_ROW, verify  # an import error fails the step, never "done"
 
     report = verify(output, progress=progress)
     silent = json.loads((output / MANIFEST_NAME).read_text()).get("audio_tokenizer", "?") is None
@@ -417,7 +417,7 @@ def _extract_complete(folder: Path) -> bool:
 
 def _gguf_complete(path: Path, file_type: str | None = None) -> bool:
     """A GGUF whose data is all there (and of FILE_TYPE, when given)."""
-    from .quantize import inspect_gguf
+    from ..quantize.llama import inspect_gguf
 
     if not path.is_file():
         return False
@@ -428,7 +428,7 @@ def _gguf_complete(path: Path, file_type: str | None = None) -> bool:
     if info.size < info.data_end:
         return False
     if file_type is not None:
-        from .quantize import file_types
+        from ..quantize.llama import file_types
 
         return info.file_type == file_types().get(file_type)
     return True
@@ -436,8 +436,8 @@ def _gguf_complete(path: Path, file_type: str | None = None) -> bool:
 
 def _quantize_direct(ctx: RunContext, todo: list[tuple[Path, str]]) -> CheckpointQuantized:
     """The direct engine: every (output, type) of TODO in one read of the checkpoint."""
-    from .quantize import QuantizeSettings, load_imatrix
-    from .quantize_direct import quantize_checkpoint
+    from ..quantize.direct import quantize_checkpoint
+    from ..quantize.llama import QuantizeSettings, load_imatrix
 
     settings = ctx.settings
     imatrix = load_imatrix(settings.imatrix) if settings.imatrix is not None else None

@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import ToolError
 from .cpu_features import REINSTALL_HINT
-from .errors import ToolError
 
 log = logging.getLogger(__name__)
 

@@ -25,13 +25,13 @@ from typing import Any
 import gguf
 import numpy as np
 
-from .errors import InputError, UnsupportedModelError, UsageError
-from .gguf_stream import SOURCE_DTYPES, GGUFTensor, SourceTensor, write_tensor_data
-from .gguf_vocab import ENGINE_HINT, Vocab
-from .progress import ProgressReporter, ensure
+from ..disk.page_cache import SourcePages
+from ..disk.sinks import appender
+from ..errors import InputError, UnsupportedModelError, UsageError
+from ..progress import ProgressReporter, ensure
 from .qwen3_names import layer_shapes
-from .sinks import appender
-from .source_pages import SourcePages
+from .stream import SOURCE_DTYPES, GGUFTensor, SourceTensor, write_tensor_data
+from .vocab import ENGINE_HINT, Vocab
 
 ARCH = gguf.MODEL_ARCH.QWEN3
 ARCH_NAME = gguf.MODEL_ARCH_NAMES[ARCH]

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError, UnsupportedModelError, UsageError
-from .folders import EMBEDDING_DIR, LM_HEAD_DIR, TOKENIZER_DIR
+from ..disk.layout_names import EMBEDDING_DIR, LM_HEAD_DIR, TOKENIZER_DIR
+from ..errors import InputError, UnsupportedModelError, UsageError
+from ..progress import ProgressReporter
 from .hub import HubFile, check_files, download, is_repo_id, list_files
-from .progress import ProgressReporter
 
 LAYOUT = "a Qwen3 backbone .gguf beside embeddings/, lm_heads/ and tokenizer/"
 _TABLE = re.compile(
@@ -71,7 +71,7 @@ def _refuse(source: str, what: str) -> UnsupportedModelError:
 
 def classify_gguf(source: str, path: Path) -> None:
     """Refuse a GGUF that is not a plain Qwen3 backbone, naming the format it is."""
-    from .gguf_read import inspect_gguf
+    from ..gguf.read import inspect_gguf
 
     info = inspect_gguf(path)
     names = list(info.tensors)
@@ -93,7 +93,7 @@ def recognise(
 
     Raises for GGUF repos of other formats.
     """
-    from .quantize import file_types
+    from ..quantize.llama import file_types
 
     path = Path(model).expanduser()
     if path.is_dir():
@@ -139,7 +139,7 @@ def recognise(
 
 def choose(repo: GgufRepo, quants: list[str]) -> list[str]:
     """The repo's GGUF paths for the asked quant types; one line listing what it has if not."""
-    from .quantize import parse_file_type
+    from ..quantize.llama import parse_file_type
 
     wanted = [parse_file_type(q) for q in quants] or ["Q4_K_M"]
     missing = [q for q in wanted if q not in repo.ggufs]
@@ -204,7 +204,7 @@ def _npy_shape(path: Path) -> tuple[int, ...]:
 
 def derive_meta(root: Path, repo: GgufRepo, gguf: str) -> dict:
     """extraction_meta.json for a repo that has none: facts read from its tables and GGUF."""
-    from .gguf_read import inspect_gguf
+    from ..gguf.read import inspect_gguf
 
     classify_gguf(repo.source, root / gguf)
     ext = sorted(f for f in repo.tables if "/emb_ext_" in f)

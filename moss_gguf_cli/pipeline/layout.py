@@ -20,12 +20,9 @@ from typing import Any
 
 import yaml
 
-from . import __version__
-from .audio_tokenizer import AudioTokenizer, open_folder
-from .checkpoint import TOKENIZER_FILES, read_json
-from .digests import sha256_cached
-from .errors import InputError, UsageError
-from .folders import (
+from .. import __version__
+from ..disk.digests import sha256_cached
+from ..disk.layout_names import (
     AUDIO_TOKENIZER_DIR,
     BACKBONE_DIR,
     CONFIG_NAME,
@@ -35,10 +32,13 @@ from .folders import (
     META_NAME,
     TOKENIZER_DIR,
 )
-from .holds import hold
-from .progress import ProgressReporter, ensure
-from .staging import Staging, check_free_space
-from .synth_defaults import SYNTH_DEFAULTS
+from ..disk.staging import Staging, check_free_space
+from ..errors import InputError, UsageError
+from ..hold_points import hold
+from ..progress import ProgressReporter, ensure
+from ..source.audio_tokenizer import AudioTokenizer, open_folder
+from ..source.checkpoint import TOKENIZER_FILES, read_json
+from ..tts.defaults import SYNTH_DEFAULTS
 
 
 class LayoutMode(str, Enum):
@@ -184,7 +184,7 @@ def gguf_file_type(path: Path) -> str | None:
     """The GGUF's llama.cpp file type name (e.g. MOSTLY_Q4_K_M), or None if unreadable."""
     import gguf
 
-    from .gguf_read import inspect_gguf  # GGUFReader would parse every token string
+    from ..gguf.read import inspect_gguf  # GGUFReader would parse every token string
 
     try:
         value = inspect_gguf(path).file_type

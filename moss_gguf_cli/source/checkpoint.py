@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InputError, UnsupportedModelError
+from ..errors import InputError, UnsupportedModelError
+from ..gguf.qwen3_names import layer_shapes
+from ..progress import ProgressReporter
 from .hub import download, is_repo_id
-from .progress import ProgressReporter
-from .qwen3_names import layer_shapes
 from .safetensors_io import TensorInfo, read_header, to_f32
 from .token_ids import TOKEN_DEFAULTS
 

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import InputError, UsageError
-from .gguf_write import Qwen3Params, SourceTensor
-from .safetensors_io import bf16_to_f32
+from ..errors import InputError, UsageError
+from ..gguf.write import Qwen3Params, SourceTensor
+from ..source.safetensors_io import bf16_to_f32
 
 if TYPE_CHECKING:
     import torch
@@ -77,7 +77,7 @@ class Qwen3Weights:
 
 def load_weights(source: Path, dtype: Any = None) -> Qwen3Weights:
     """Weights of the backbone in SOURCE (a MOSS checkpoint, an extract output or a backbone)."""
-    from .convert import open_backbone
+    from ..pipeline.convert import open_backbone
 
     torch = _torch()
     backbone = open_backbone(Path(source))

@@ -22,17 +22,17 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__
-from .checkpoint import MossCheckpoint, TensorRef, open_checkpoint
-from .digests import TableFacts, remember_sha256, remember_table
-from .errors import InputError, NumericError, UsageError
-from .folders import BACKBONE_DIR, EMBEDDING_DIR, LM_HEAD_DIR, META_NAME
-from .holds import hold
-from .progress import ProgressReporter, ensure
-from .safetensors_io import PlannedTensor, write_streaming
-from .sinks import appender
-from .source_pages import SourcePages
-from .staging import Staging, check_free_space
+from .. import __version__
+from ..disk.digests import TableFacts, remember_sha256, remember_table
+from ..disk.layout_names import BACKBONE_DIR, EMBEDDING_DIR, LM_HEAD_DIR, META_NAME
+from ..disk.page_cache import SourcePages
+from ..disk.sinks import appender
+from ..disk.staging import Staging, check_free_space
+from ..errors import InputError, NumericError, UsageError
+from ..hold_points import hold
+from ..progress import ProgressReporter, ensure
+from ..source.checkpoint import MossCheckpoint, TensorRef, open_checkpoint
+from ..source.safetensors_io import PlannedTensor, write_streaming
 
 log = logging.getLogger(__name__)
 
@@ -273,7 +273,7 @@ def _stream_cast(
 
 
 def _raise_nonfinite(ref: TensorRef, raw: np.ndarray, dtype: str) -> None:
-    from .safetensors_io import to_f32
+    from ..source.safetensors_io import to_f32
 
     if not np.isfinite(to_f32(raw, ref.dtype)).all():
         raise NumericError(

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import OutputError
+from ..errors import OutputError
 
 
 def human_bytes(n: float) -> str:

@@ -26,13 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from . import llama_cpp as lc
-from .errors import InputError, OutputError, ToolError, UsageError
-from .gguf_read import GgufInfo, inspect_gguf  # the one GGUF header reader
-from .holds import hold
-from .imatrix import OVERRIDE_STR_BYTES, ImatrixData, imatrix_kvs, load_imatrix
-from .progress import ProgressReporter, ensure
-from .staging import check_target, staged_file
+from ..disk.staging import check_target, staged_file
+from ..errors import InputError, OutputError, ToolError, UsageError
+from ..gguf.imatrix import OVERRIDE_STR_BYTES, ImatrixData, imatrix_kvs, load_imatrix
+from ..gguf.read import GgufInfo, inspect_gguf  # the one GGUF header reader
+from ..hold_points import hold
+from ..native import llama_tools as lc
+from ..progress import ProgressReporter, ensure
 
 log = logging.getLogger(__name__)
 

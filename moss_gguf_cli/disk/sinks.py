@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import OutputError
+from ..errors import OutputError
 
 DIRECT_BYTES = 16 * 1024 * 1024  # staging buffer of O_DIRECT writes
 

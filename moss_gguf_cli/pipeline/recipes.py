@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError, UsageError
-from .synth_defaults import SYNTH_DEFAULTS
+from ..errors import InputError, UsageError
+from ..tts.defaults import SYNTH_DEFAULTS
 
 # key → what it must be
 RECIPE_KEYS: dict[str, type | tuple[type, ...]] = {
