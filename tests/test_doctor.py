@@ -125,7 +125,7 @@ def test_every_check_passes_here(roomy_disk: Path, no_llama_quantize: None) -> N
     assert set(report.probe.cosine) == {"Q8_0", "Q4_K_M"}
     assert report.probe.cosine["Q8_0"] > 0.99 and report.probe.cosine["Q4_K_M"] > 0.9
     gpu = by_name["llama.cpp GPU"]
-    nvidia = dr._nvidia_gpus()
+    nvidia = dr.nvidia_gpus()
     if not nvidia:  # no GPU: "CPU only" is a pass, not a failure
         assert gpu.status == dr.PASS and "CPU only" in gpu.detail
     else:  # a GPU the driver sees is named, used or not

@@ -173,7 +173,7 @@ def _rchar() -> int:
 
 
 def test_three_types_read_the_source_once(tiny_model, tmp_path):
-    from moss_gguf_cli.pipeline.convert import open_backbone
+    from moss_gguf_cli.source.backbone import open_backbone
 
     source = sum(t.nbytes for t in open_backbone(tiny_model).tensors.values())
 

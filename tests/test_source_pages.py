@@ -11,9 +11,9 @@ from pathlib import Path
 from test_sinks import resident_pages
 
 from moss_gguf_cli.disk.page_cache import DROP_STEP, SourcePages
-from moss_gguf_cli.pipeline.extract import npy_jobs
 from moss_gguf_cli.pipeline.run import AllSettings, run_all
 from moss_gguf_cli.source.checkpoint import open_checkpoint
+from moss_gguf_cli.source.tables import npy_jobs
 
 MB = 1 << 20
 

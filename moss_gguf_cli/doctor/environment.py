@@ -195,7 +195,7 @@ def cpu_info() -> dict[str, Any]:
     return info
 
 
-def _cpu_id(cpu: dict[str, Any]) -> str:
+def cpu_id(cpu: dict[str, Any]) -> str:
     """Which CPU a probe result belongs to (a shared home folder may serve several machines)."""
     text = "|".join([platform.machine(), cpu["model"], " ".join(sorted(cpu["flags"]))])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -266,7 +266,7 @@ def _ggml_devices(llama_cpp: Any) -> list[dict[str, Any]]:
     return devices
 
 
-def _nvidia_gpus() -> list[str]:
+def nvidia_gpus() -> list[str]:
     """NVIDIA GPUs the driver reports (Linux), without needing any CUDA library."""
     names = []
     for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
@@ -280,7 +280,7 @@ def _nvidia_gpus() -> list[str]:
 
 
 def gpu_rows(safe_import: bool, providers: list[str] | None) -> list[CheckRow]:
-    nvidia = _nvidia_gpus()
+    nvidia = nvidia_gpus()
     seen = f"; the driver reports {', '.join(nvidia)}" if nvidia else ""
     rows = []
     if not safe_import or dist_version("llama_cpp_python") is None:

@@ -29,7 +29,7 @@ from ..errors import MossGgufError
 from ..native import llama_tools as lc
 from ..native.cpu_features import REINSTALL_HINT
 from ..report import FAIL, PASS, WARN
-from .environment import _cpu_id, cpu_info, dist_version, libllama_path, one_line
+from .environment import cpu_id, cpu_info, dist_version, libllama_path, one_line
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def probe_key() -> dict[str, Any] | None:
         "libllama": str(lib),
         "size": st.st_size,
         "mtime_ns": st.st_mtime_ns,
-        "cpu": _cpu_id(cpu_info()),
+        "cpu": cpu_id(cpu_info()),
     }
 
 

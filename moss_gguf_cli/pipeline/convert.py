@@ -21,39 +21,23 @@ from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
 
-from ..disk.layout_names import BACKBONE_DIR, META_NAME
+from ..disk.layout_names import BACKBONE_DIR
 from ..disk.page_cache import SourcePages
 from ..disk.staging import check_free_space, check_target, staged_file
-from ..errors import InputError, OutputError, ToolError, UnsupportedModelError, UsageError
-from ..gguf.vocab import read_vocab
+from ..errors import OutputError, ToolError, UsageError
 from ..gguf.write import (
-    GGUFPlan,
     GGUFTensor,
     OutType,
-    Qwen3Params,
-    SourceTensor,
     plan_tensors,
     write_gguf,
 )
 from ..progress import ProgressReporter, ensure
-from ..source.checkpoint import (
-    MossConfig,
-    open_checkpoint,
-    read_json,
-    read_tensors,
-)
-from .extract import backbone_config, extract
+from ..source.backbone import Backbone, open_backbone, plan_native
+from .extract import extract
 
 log = logging.getLogger(__name__)
 
-QWEN3_ARCH = "Qwen3ForCausalLM"
-TOKENIZER_REQUIRED = ("tokenizer.json", "tokenizer_config.json")
-INPUT_HINT = (
-    "point INPUT at an extracted qwen3_backbone/ folder, an extract output folder "
-    "or a MOSS-TTS checkpoint folder"
-)
 # what llama.cpp's converter needs besides the tree; pip names and the pinned torch
 CONVERTER_PACKAGES = {"torch": "torch==2.13.0", "transformers": "transformers"}
 _PIP_NAMES = {"sentencepiece": "sentencepiece", "google": "protobuf", "yaml": "pyyaml"}
@@ -76,23 +60,6 @@ class Engine(str, Enum):
 
 
 @dataclass
-class Backbone:
-    """A Qwen3 backbone, wherever it lives."""
-
-    kind: str  # "backbone" (HF folder), "extract" (extract output) or "moss" (source)
-    root: Path  # the HF backbone folder, or the MOSS source folder
-    config: dict[str, Any]  # the backbone's Qwen3 config (for "moss": the language config)
-    config_path: Path
-    tokenizer_dir: Path
-    tensors: dict[str, SourceTensor]  # keyed by Qwen3ForCausalLM name
-    name: str  # general.name
-
-    @property
-    def params(self) -> Qwen3Params:
-        return Qwen3Params.from_config(self.config, self.config_path)
-
-
-@dataclass
 class ConvertResult:
     outfile: Path
     outtype: str
@@ -103,115 +70,6 @@ class ConvertResult:
     bytes_written: int
     seconds: float
     notes: list[str] = field(default_factory=list)
-
-
-# --------------------------------------------------------------------------- input
-
-
-def _safetensors_sources(root: Path) -> dict[str, SourceTensor]:
-    """Tensors of a Hugging Face folder (index + shards, or one model.safetensors)."""
-    _, refs = read_tensors(root)
-    return {
-        name: SourceTensor(name, ref.path, ref.dtype, tuple(ref.shape), ref.offset, ref.nbytes)
-        for name, ref in refs.items()
-    }
-
-
-def _meta_name(meta_path: Path) -> str | None:
-    """'<variant> backbone' from an extraction_meta.json, so every input gives the same GGUF."""
-    if not meta_path.is_file():
-        return None
-    try:
-        meta = read_json(meta_path, "extraction_meta.json")
-        return f"{MossConfig.from_dict(meta['moss_config']).variant} backbone"
-    except (InputError, KeyError, TypeError):
-        return None
-
-
-def open_backbone(input: Path) -> Backbone:
-    """Find out what INPUT is and where the backbone's config, tokenizer and tensors are."""
-    path = Path(input)
-    if not path.exists():
-        raise InputError("input folder not found", path=path, hint=INPUT_HINT)
-    if not path.is_dir():
-        raise InputError("expected a folder, got a file", path=path, hint=INPUT_HINT)
-    kind = "backbone"
-    root = path
-    meta_name = _meta_name(path.parent / META_NAME)
-    if not (path / "config.json").is_file() and (
-        (path / META_NAME).is_file() or (path / BACKBONE_DIR).is_dir()
-    ):
-        kind, root = "extract", path / BACKBONE_DIR
-        meta_name = _meta_name(path / META_NAME)
-        if not root.is_dir():
-            raise InputError(
-                f"extract output has no {BACKBONE_DIR}/ folder",
-                path=path,
-                hint="re-run moss-gguf extract",
-            )
-    config_path = root / "config.json"
-    if not config_path.is_file():
-        raise InputError("config.json is missing", path=root, hint=INPUT_HINT)
-    config = read_json(config_path, "config.json")
-    if not isinstance(config, dict):
-        raise InputError("config.json is not a JSON object", path=config_path)
-
-    if "language_config" in config:
-        ck = open_checkpoint(root)  # refuses MOSS look-alikes, checks every tensor's shape
-        backbone = Backbone(
-            kind="moss",
-            root=root,
-            config=backbone_config(ck),
-            config_path=config_path,
-            tokenizer_dir=root,
-            tensors={
-                name: SourceTensor(
-                    ref.name, ref.path, ref.dtype, tuple(ref.shape), ref.offset, ref.nbytes
-                )
-                for name, ref in ck.backbone_tensors()
-            },
-            name=f"{ck.moss.variant} backbone",
-        )
-    else:
-        archs = config.get("architectures") or []
-        arch = str(archs[0]) if archs else ""
-        if arch != QWEN3_ARCH:
-            what = arch or f"model_type {config.get('model_type', 'missing')!r}"
-            raise UnsupportedModelError(
-                f"architecture {what} is neither {QWEN3_ARCH} nor MOSS-TTS",
-                path=config_path,
-                hint=INPUT_HINT,
-            )
-        backbone = Backbone(
-            kind=kind,
-            root=root,
-            config=config,
-            config_path=config_path,
-            tokenizer_dir=root,
-            tensors={},
-            name=meta_name or root.name,
-        )
-    for fname in TOKENIZER_REQUIRED:
-        if not (backbone.tokenizer_dir / fname).is_file():
-            raise InputError(
-                f"tokenizer file {fname} is missing",
-                path=backbone.tokenizer_dir,
-                hint="copy the model's tokenizer files into this folder",
-            )
-    if backbone.kind != "moss":
-        backbone.tensors = _safetensors_sources(root)
-    return backbone
-
-
-def plan_native(
-    backbone: Backbone, outtype: OutType, tensors: list[GGUFTensor] | None = None
-) -> GGUFPlan:
-    """Everything the native writer needs, checked: tensors, types, vocabulary."""
-    hp = backbone.params
-    if tensors is None:
-        tensors = plan_tensors(hp, backbone.tensors, outtype, backbone.root)
-    vocab = read_vocab(backbone.tokenizer_dir, backbone.config, hp.vocab)
-    return GGUFPlan(hp, tensors, vocab, outtype, backbone.name)
 
 
 def _check_outfile(outfile: Path, force: bool) -> None:

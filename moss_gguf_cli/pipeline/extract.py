@@ -31,22 +31,16 @@ from ..disk.staging import Staging, check_free_space
 from ..errors import InputError, NumericError, UsageError
 from ..hold_points import hold
 from ..progress import ProgressReporter, ensure
+from ..source.backbone import backbone_config
 from ..source.checkpoint import MossCheckpoint, TensorRef, open_checkpoint
 from ..source.safetensors_io import PlannedTensor, write_streaming
+from ..source.tables import NpyJob, npy_jobs
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_SHARD = 5 * 1000**3  # "5GB", as Hugging Face counts it
 NPY_DTYPES = ("float16", "float32")
 _CHUNK_ELEMS = 1 << 22  # 8 MB of bf16: big writes, small enough to stay in cache
-
-
-@dataclass(frozen=True)
-class NpyJob:
-    """One `.npy` table: where it goes and which source tensor fills it."""
-
-    relpath: str
-    source: TensorRef
 
 
 @dataclass
@@ -91,21 +85,6 @@ def parse_size(text: str | int) -> int:
     return value
 
 
-def npy_jobs(ck: MossCheckpoint) -> list[NpyJob]:
-    t = ck.tensors
-    jobs = [NpyJob(f"{EMBEDDING_DIR}/embed_tokens.npy", t["language_model.embed_tokens.weight"])]
-    jobs += [
-        NpyJob(f"{EMBEDDING_DIR}/emb_ext_{i:02d}.npy", t[f"emb_ext.{i}.weight"])
-        for i in range(ck.moss.n_vq)
-    ]
-    jobs.append(NpyJob(f"{LM_HEAD_DIR}/lm_head_text.npy", t["lm_heads.0.weight"]))
-    jobs += [
-        NpyJob(f"{LM_HEAD_DIR}/lm_head_audio_{i:02d}.npy", t[f"lm_heads.{i + 1}.weight"])
-        for i in range(ck.moss.n_vq)
-    ]
-    return jobs
-
-
 def plan_shards(
     tensors: list[tuple[str, TensorRef]], max_shard_size: int
 ) -> list[list[tuple[str, TensorRef]]]:
@@ -122,17 +101,6 @@ def plan_shards(
         shards[-1].append((name, ref))
         size += ref.nbytes
     return shards
-
-
-def backbone_config(ck: MossCheckpoint) -> dict:
-    config = dict(ck.language_config)
-    config.pop("_name_or_path", None)
-    config["architectures"] = ["Qwen3ForCausalLM"]
-    config["model_type"] = "qwen3"
-    config.setdefault("torch_dtype", "bfloat16")
-    # lm_heads.0 is its own tensor: the backbone must keep lm_head, so never declare it tied
-    config["tie_word_embeddings"] = False
-    return config
 
 
 def npy_header(shape: tuple[int, ...], dtype: str) -> bytes:

@@ -36,7 +36,7 @@ from ..source.audio_tokenizer import default_source as default_codec
 from ..source.audio_tokenizer import resolve as resolve_codec
 from ..source.checkpoint import open_checkpoint, resolve_model
 from ..source.preconverted import GgufRepo, choose, derive_meta, fetch, recognise, write_meta
-from .extract import npy_jobs
+from ..source.tables import npy_jobs
 from .layout import Placement, arrange, audio_tokenizer_files
 from .steps import (
     STEPS,

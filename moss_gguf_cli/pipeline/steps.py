@@ -29,7 +29,8 @@ from ..hold_points import hold
 from ..progress import ProgressReporter
 from ..source.audio_tokenizer import AudioTokenizer
 from ..source.checkpoint import open_checkpoint
-from .extract import extract, npy_jobs
+from ..source.tables import npy_jobs
+from .extract import extract
 from .layout import LayoutMode, expected_tables, layout, read_meta
 
 if TYPE_CHECKING:

@@ -55,9 +55,9 @@ from .llama import (
     QuantizeJob,
     QuantizeResult,
     QuantizeSettings,
-    _command,
-    _library_quantize,
     file_types,
+    library_quantize,
+    quantize_command,
 )
 
 log = logging.getLogger(__name__)
@@ -169,10 +169,10 @@ def _dry_run(
 ) -> DirectTarget:
     """llama_model_quantize's dry run: which type each tensor gets, in which order."""
     ftype = file_types()[file_type]
-    command = _command(lc.QUANTIZE_BIN, stand_in, output, file_type, s)
+    command = quantize_command(lc.QUANTIZE_BIN, stand_in, output, file_type, s)
     job = QuantizeJob(stand_in, output, file_type, ftype, Engine.LIBRARY, command, s)
     parser = lc.QuantizeLogParser()
-    rc = _library_quantize(job, output, s, imatrix, parser.feed, dry_run=True)
+    rc = library_quantize(job, output, s, imatrix, parser.feed, dry_run=True)
     parser.close()
     if rc != 0 or parser.error:
         why = parser.error or lc.last_lines(list(parser.lines))
@@ -579,7 +579,7 @@ def quantize_checkpoint(
     """
     from ..errors import NumericError
     from ..gguf.write import OutType, plan_tensors
-    from ..pipeline.convert import open_backbone, plan_native
+    from ..source.backbone import open_backbone, plan_native
 
     backbone = open_backbone(Path(model))
     notes: list[str] = []

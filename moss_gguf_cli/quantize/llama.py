@@ -234,7 +234,10 @@ def parse_engine(value: Engine | str) -> Engine:
 # --------------------------------------------------------------------------- planning
 
 
-def _command(exe: str, input: Path, output: Path, file_type: str, s: QuantizeSettings) -> list[str]:
+def quantize_command(
+    exe: str, input: Path, output: Path, file_type: str, s: QuantizeSettings
+) -> list[str]:
+    """The llama-quantize command line for one output (also what the library engine runs)."""
     return lc.build_quantize_cmd(
         exe,
         input,
@@ -397,7 +400,9 @@ def plan_quantize(
     exe_name = str(exe) if exe is not None else lc.QUANTIZE_BIN
     table = file_types()
     jobs = [
-        QuantizeJob(input, out, t, table[t], resolved, _command(exe_name, input, out, t, s), s)
+        QuantizeJob(
+            input, out, t, table[t], resolved, quantize_command(exe_name, input, out, t, s), s
+        )
         for t, out in zip(canon, outputs, strict=True)
     ]
     return info, jobs
@@ -482,7 +487,7 @@ def _run_engine(
     """Quantize job.input into tmp with the job's engine; returns which llama.cpp did it."""
     s = job.settings
     if job.engine is Engine.BINARY:
-        cmd = _command(job.command[0], job.input, tmp, job.file_type, s)
+        cmd = quantize_command(job.command[0], job.input, tmp, job.file_type, s)
         run = lc.run_streaming(cmd, on_text)
         parser.close()
         if run.returncode != 0:
@@ -491,7 +496,7 @@ def _run_engine(
                 path=job.input,
             )
         return parser.build.describe() if parser.build else f"binary {cmd[0]}"
-    rc = _library_quantize(job, tmp, s, imatrix_data, on_text)
+    rc = library_quantize(job, tmp, s, imatrix_data, on_text)
     parser.close()
     if rc != 0:
         raise ToolError(
@@ -589,7 +594,7 @@ def _quantize_params(
     return params, keep
 
 
-def _library_quantize(
+def library_quantize(
     job: QuantizeJob,
     out: Path,
     s: QuantizeSettings,

@@ -13,7 +13,11 @@ The checks, by family, each a module: structure.py (the files, their names and s
 manifest), values.py (one read of every file: hashes, Inf/NaN, equality with the source),
 metadata.py (the GGUF header), tokenizer.py, source.py (tables against the GGUF, everything
 against the source), deep.py (--deep: llama.cpp against a torch reference); quality.py holds
-the limits, tensors.py the tensor reads and measures; context.py the state they share.
+the limits, tensors.py the tensor reads and measures; context.py the state they share;
+reference.py the torch forward --deep compares llama.cpp with.
+
+May import: tts/, quantize/, gguf/, source/, disk/, native/ and the top level (errors,
+progress, report, hold_points); doctor/ is its own tier; never pipeline/ or cli/.
 """
 
 from __future__ import annotations

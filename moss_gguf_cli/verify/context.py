@@ -39,7 +39,7 @@ class Context:
     gguf_scans: dict[Path, Any] = field(default_factory=dict)  # path -> values.FileResult
     gguf_special: dict[int, str] = field(default_factory=dict)  # GGUF token strings, special ids
     manifest_problems: list[str] = field(default_factory=list)
-    backbone: Any = None  # convert.Backbone of an extract folder
+    backbone: Any = None  # source.backbone.Backbone of an extract folder
 
     def names(self, gguf: Path, check: str) -> str:
         """A row's name: CHECK, or CHECK (file) when the target holds several GGUFs."""

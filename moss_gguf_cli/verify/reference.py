@@ -77,7 +77,7 @@ class Qwen3Weights:
 
 def load_weights(source: Path, dtype: Any = None) -> Qwen3Weights:
     """Weights of the backbone in SOURCE (a MOSS checkpoint, an extract output or a backbone)."""
-    from ..pipeline.convert import open_backbone
+    from ..source.backbone import open_backbone
 
     torch = _torch()
     backbone = open_backbone(Path(source))

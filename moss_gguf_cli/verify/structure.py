@@ -11,11 +11,11 @@ import numpy as np
 from ..disk.layout_names import BACKBONE_DIR, META_NAME
 from ..errors import InputError, MossGgufError
 from ..report import FAIL, WARN
+from ..source.backbone import TOKENIZER_REQUIRED
 from ..source.checkpoint import safe_child
 from .context import Context
 from .target import shown_path
 
-TOKENIZER_REQUIRED = ("tokenizer.json", "tokenizer_config.json")
 CODEC_ROW = "audio tokenizer"
 
 
@@ -90,7 +90,7 @@ def file_rows(ctx: Context) -> None:
 def _backbone_weights(ctx: Context) -> None:
     """An extract folder's qwen3_backbone/: config, shards and every tensor's shape."""
     from ..gguf.write import OutType, plan_tensors
-    from ..pipeline.convert import open_backbone
+    from ..source.backbone import open_backbone
 
     r = ctx.rows
     folder = ctx.t.backbone_dir

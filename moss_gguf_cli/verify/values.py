@@ -325,7 +325,7 @@ def file_pass(ctx: Context) -> None:
     jobs: dict[Path, FileJob] = {}
     src_tables: dict[str, TensorRef] = {}
     if ctx.ck is not None:
-        from ..pipeline.extract import npy_jobs
+        from ..source.tables import npy_jobs
 
         src_tables = {Path(j.relpath).name: j.source for j in npy_jobs(ctx.ck)}
     for key, name, shape in expected_tables(ctx) if t.kind != "gguf" else []:
