@@ -27,8 +27,8 @@ from moss_gguf_cli.cli.app import app
 from moss_gguf_cli.errors import ToolError
 from moss_gguf_cli.gguf.write import OutType
 from moss_gguf_cli.pipeline.convert import (
+    Converter,
     ConverterLogParser,
-    Engine,
     build_convert_cmd,
     convert,
     converter_env,
@@ -537,7 +537,7 @@ def test_build_convert_cmd_and_env(tmp_path: Path) -> None:
     env = converter_env(tmp_path / "gguf-py", {"PYTHONPATH": "/x", "NO_LOCAL_GGUF": "1"})
     assert env["PYTHONPATH"] == f"{tmp_path / 'gguf-py'}{os.pathsep}/x"
     assert "NO_LOCAL_GGUF" not in env
-    assert Engine.parse("llama_cpp") is Engine.LLAMA_CPP
+    assert Converter.parse("llama_cpp") is Converter.LLAMA_CPP
 
 
 def test_converter_log_parser_reads_pieces_and_missing_modules() -> None:

@@ -23,11 +23,10 @@ TREE_PORTABLE_FIX = (
 
 def resolve_engine(engine: str, llama_cpp: Path | None) -> tuple[str, Path | None]:
     """Which engine `quantize --engine ENGINE` would use, and its binary: quantize's own rules."""
-    from ..quantize.llama import parse_engine
-    from ..quantize.llama import resolve_engine as resolve
+    from ..quantize.engines import choose_engine
 
-    resolved, exe = resolve(parse_engine(engine), llama_cpp)
-    return resolved.value, exe
+    choice = choose_engine(engine, llama_cpp, checkpoint=False)
+    return choice.engine.value, choice.binary
 
 
 def binary_row(llama_cpp: Path | None, workdir: Path) -> CheckRow:

@@ -14,6 +14,7 @@ from typing import Any
 from ..disk.staging import human_bytes
 from ..errors import OutputError, ToolError
 from ..native import llama_tools as lc
+from ..quantize.engines import Engine, checked_as
 from ..report import FAIL, PASS, WARN, CheckRow
 from .engines import resolve_engine
 from .environment import REAL_MODEL_REPO, model_cached
@@ -91,9 +92,9 @@ def real_model_plan(
     """What `all --model OpenMOSS-Team/MOSS-TTS` needs, from the dims of docs/ARCHITECTURE.md §1;
     direct None: with the engine `all` would pick here (direct where it runs)."""
     if direct is None:
-        from ..quantize.direct import available
+        from ..quantize.engines import direct_unavailable
 
-        direct = available() is None
+        direct = direct_unavailable() is None
     return model_plan(REAL_MODEL, quants, direct)
 
 
@@ -175,13 +176,15 @@ def preflight(
     output: Path | None,
     needed_bytes: int | None,
     llama_cpp: Path | None,
-    engine: str,
+    engine: Engine | str,
     needs_runtime: bool = False,
+    from_checkpoint: bool = False,
 ) -> None:
     """The doctor's fast checks before long work; raises with the doctor's one-line fix.
 
     - needs_quantize: a quantize engine must exist (quantize's own resolution: ENGINE,
       --llama-cpp, $LLAMA_CPP_DIR, PATH); when it is libllama, the runtime probe must pass.
+      from_checkpoint: ENGINE is `all`'s (the direct engine is checked as libllama).
     - needs_runtime: libllama must run here (synth; `all`, whose output is for synth).
     - output + needed_bytes: the disk of output's folder (where `all` also keeps its work
       folder) must hold needed_bytes; checked when both are given.
@@ -189,12 +192,9 @@ def preflight(
     The probe runs once per installed llama.cpp build (cached); a passing build costs a
     file read. Nothing is written besides that cache.
     """
-    from ..quantize.llama import Engine
-    from ..quantize.llama import parse_engine as _parse_engine
-
+    eng = checked_as(engine, checkpoint=from_checkpoint)
     probe_needed = needs_runtime
     if needs_quantize:
-        eng = _parse_engine(engine)
         if eng is not Engine.BINARY:
             # find the binary without importing llama_cpp: the import itself may crash
             tree = lc.find_llama_cpp(llama_cpp)
@@ -213,7 +213,7 @@ def preflight(
         if probe.status == WARN:
             log.warning("%s (%s)", probe.detail, probe.fix)
     if needs_quantize:
-        resolve_engine(engine, llama_cpp)
+        resolve_engine(eng.value, llama_cpp)
     if output is not None and needed_bytes:
         row = disk_check(Path(output).parent, int(needed_bytes), "this run")
         if row.status == FAIL:

@@ -43,12 +43,14 @@ CONVERTER_PACKAGES = {"torch": "torch==2.13.0", "transformers": "transformers"}
 _PIP_NAMES = {"sentencepiece": "sentencepiece", "google": "protobuf", "yaml": "pyyaml"}
 
 
-class Engine(str, Enum):
+class Converter(str, Enum):
+    """Which converter writes the f16/bf16 GGUF (`convert --engine`); not a quantize engine."""
+
     NATIVE = "native"
     LLAMA_CPP = "llama.cpp"
 
     @classmethod
-    def parse(cls, value: str | Engine) -> Engine:
+    def parse(cls, value: str | Converter) -> Converter:
         text = str(getattr(value, "value", value)).lower()
         aliases = {"llama_cpp": "llama.cpp", "llamacpp": "llama.cpp", "llama-cpp": "llama.cpp"}
         try:
@@ -98,7 +100,7 @@ def convert(
     input: Path,
     outfile: Path,
     outtype: str | OutType = "f16",
-    engine: str | Engine = "native",
+    engine: str | Converter = "native",
     llama_cpp: Path | str | None = None,
     force: bool = False,
     progress: ProgressReporter | None = None,
@@ -110,12 +112,12 @@ def convert(
     """
     started = time.perf_counter()
     out_type = OutType.parse(outtype)
-    eng = Engine.parse(engine)
+    eng = Converter.parse(engine)
     outfile = Path(outfile)
     _check_outfile(outfile, force)
     backbone = open_backbone(Path(input))
     tensors = plan_tensors(backbone.params, backbone.tensors, out_type, backbone.root)
-    if eng is Engine.NATIVE:
+    if eng is Converter.NATIVE:
         plan = plan_native(backbone, out_type, tensors)
         with staged_file(outfile, force=force) as tmp:
             check_free_space(tmp.parent, plan.tensor_bytes + (64 << 20), outfile)

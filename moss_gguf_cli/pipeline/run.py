@@ -27,9 +27,9 @@ import numpy as np
 from ..disk.digests import remember_sha256
 from ..disk.layout_names import CONFIG_NAME, MANIFEST_NAME, META_NAME
 from ..disk.staging import human_bytes
-from ..errors import InputError, OutputError, ToolError, UsageError
-from ..native.llama_tools import LIBRARY_HINT
+from ..errors import InputError, OutputError, UsageError
 from ..progress import ProgressReporter, ensure
+from ..quantize.engines import Quantizer, choose_engine, parse_engine
 from ..quantize.llama import APPROX_BPW
 from ..source.audio_tokenizer import AudioTokenizer
 from ..source.audio_tokenizer import default_source as default_codec
@@ -55,8 +55,8 @@ from .steps import (
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "ENGINES", "STEPS", "AllResult", "AllSettings", "StepResult",
-    "choose_engine", "plan_bytes", "run_all", "run_preconverted", "work_dir",
+    "STEPS", "AllResult", "AllSettings", "StepResult",
+    "plan_bytes", "run_all", "run_preconverted", "work_dir",
 ]  # fmt: skip
 
 
@@ -79,9 +79,6 @@ class AllResult:
 
 def work_dir(output: Path) -> Path:
     return output.parent / f".{output.name}.work"
-
-
-ENGINES = ("auto", "direct", "binary", "library")
 
 
 def plan_bytes(model_dir: Path, settings: AllSettings, direct: bool = False) -> int:
@@ -110,27 +107,6 @@ def _layout_complete(output: Path, gguf_names: list[str]) -> bool:
         return False
 
 
-def _known_engine(engine: str) -> None:
-    if engine not in ENGINES:
-        raise UsageError(f"unknown engine {engine!r}", hint=f"choose {', '.join(ENGINES)}")
-
-
-def choose_engine(engine: str, llama_cpp: Path | None) -> str:
-    """The engine `all` quantizes with: direct where it can run (auto), else a two-pass one."""
-    from ..quantize import direct as quantize_direct
-    from ..quantize.llama import parse_engine, resolve_engine
-
-    _known_engine(engine)
-    if engine in ("auto", "direct"):
-        why = quantize_direct.available()
-        if why is None:
-            return "direct"
-        if engine == "direct":
-            raise ToolError(f"the direct engine cannot run: {why}", hint=LIBRARY_HINT)
-    resolved, _ = resolve_engine(parse_engine(engine), llama_cpp)
-    return resolved.value
-
-
 def run_all(
     settings: AllSettings,
     progress: ProgressReporter | None = None,
@@ -156,7 +132,8 @@ def _resolve(
     """Everything before the first step: the settings checked, doctor's pre-flight, the codec
     and the model found, the engine chosen, the output and the disk checked, the work folder
     made. Up front, so that a run that cannot finish stops before its long work."""
-    from ..quantize.llama import output_name
+    from ..quantize.direct import DirectQuantizer
+    from ..quantize.llama import LlamaQuantizer, output_name
 
     output = Path(settings.output)
     quants = _check_settings(settings)
@@ -174,16 +151,21 @@ def _resolve(
     if codec is not None and settings.audio_tokenizer is None:
         # the model's own codec: refuses a model that speaks at another sampling rate
         default_codec(builtin=is_tiny, sampling_rate=open_checkpoint(model_dir).moss.sampling_rate)
-    engine = choose_engine(settings.engine, settings.llama_cpp)
+    choice = choose_engine(settings.engine, settings.llama_cpp, checkpoint=True)
+    quantizer: Quantizer = (
+        DirectQuantizer(choice) if choice.from_checkpoint
+        else LlamaQuantizer(choice, settings.llama_cpp)
+    )  # fmt: skip
     if not layout_done:
         if not settings.force:
             _refuse_other_output(output, "these quant types")
         if not work.exists():  # a resumed run has counted its disk already
-            _preflight_disk(model_dir, settings, output, direct=engine == "direct")
+            _preflight_disk(model_dir, settings, output, direct=choice.from_checkpoint)
         work.mkdir(parents=True, exist_ok=True)
     return RunContext(
-        settings, bar, on_step, output, work, quants, ggufs, model_dir, codec, engine, layout_done
-    )
+        settings, bar, on_step, output, work, quants, ggufs, model_dir, codec, quantizer,
+        layout_done,
+    )  # fmt: skip
 
 
 def _check_settings(settings: AllSettings) -> list[str]:
@@ -193,7 +175,7 @@ def _check_settings(settings: AllSettings) -> list[str]:
     quants = [parse_file_type(q) for q in settings.quants] or ["Q4_K_M"]
     if settings.outtype not in ("auto", "f16", "bf16"):
         raise UsageError(f"unknown --outtype {settings.outtype!r}", hint="use auto, f16 or bf16")
-    _known_engine(settings.engine)
+    parse_engine(settings.engine)
     if settings.imatrix is not None and not Path(settings.imatrix).is_file():
         raise InputError("importance matrix file not found", path=settings.imatrix)
     return quants
@@ -210,17 +192,9 @@ def _preflight_tools(settings: AllSettings) -> None:
         output=None,
         needed_bytes=None,
         llama_cpp=settings.llama_cpp,
-        engine=_preflight_engine(settings.engine),
+        engine=settings.engine,
+        from_checkpoint=True,
     )
-
-
-def _preflight_engine(engine: str) -> str:
-    """The quantize engine doctor's pre-flight checks for `all --engine ENGINE`."""
-    from ..quantize import direct as quantize_direct
-
-    if engine in ("auto", "direct") and quantize_direct.available() is None:
-        return "library"  # the direct engine runs libllama's dry run and libggml
-    return "auto" if engine == "direct" else engine
 
 
 def _find_codec(
@@ -257,7 +231,8 @@ def _preflight_disk(model_dir: Path, settings: AllSettings, output: Path, direct
         output=output,
         needed_bytes=needed,
         llama_cpp=settings.llama_cpp,
-        engine=_preflight_engine(settings.engine),
+        engine=settings.engine,
+        from_checkpoint=True,
     )
     log.info("the plan needs about %s of free disk", human_bytes(needed))
 

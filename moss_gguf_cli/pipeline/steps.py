@@ -27,6 +27,7 @@ from ..disk.staging import human_bytes, remove_stale_partials
 from ..errors import MossGgufError, NumericError
 from ..hold_points import hold
 from ..progress import ProgressReporter
+from ..quantize.engines import QuantizeRequest
 from ..source.audio_tokenizer import AudioTokenizer
 from ..source.checkpoint import open_checkpoint
 from ..source.tables import npy_jobs
@@ -34,7 +35,7 @@ from .extract import extract
 from .layout import LayoutMode, expected_tables, layout, read_meta
 
 if TYPE_CHECKING:
-    from ..quantize.direct import CheckpointQuantized
+    from ..quantize.engines import Quantizer
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class AllSettings:
     output: Path
     quants: list[str] = field(default_factory=lambda: ["Q4_K_M"])
     outtype: str = "auto"  # f16, bf16, or auto: f16 unless a tensor overflows it
-    engine: str = "auto"  # direct (one read, no intermediate), binary, library, or auto
+    engine: str = "auto"  # a quantize.engines.Engine name
     imatrix: Path | None = None
     llama_cpp: Path | None = None
     keep_intermediate: bool = False
@@ -94,7 +95,7 @@ class RunContext:
     ggufs: list[Path]  # the quantized GGUFs, in the work folder
     model_dir: Path
     codec: AudioTokenizer | None  # None also once the layout is done: nothing to add
-    engine: str
+    quantizer: Quantizer  # the engine chosen (quantize.engines.choose_engine)
     layout_done: bool  # the output is a finished run of these types: only verify runs
     found: Found = field(init=False)  # set as the steps start (`look`)
     # what the steps add as they go
@@ -110,7 +111,8 @@ class RunContext:
 
     @property
     def direct(self) -> bool:
-        return self.engine == "direct"
+        """The engine quantizes straight from the checkpoint: no convert, no intermediate."""
+        return self.quantizer.choice.from_checkpoint
 
     @property
     def is_tiny(self) -> bool:
@@ -290,24 +292,15 @@ class QuantizeStep(Step):
         return None if self._todo else COMPLETE
 
     def run(self, ctx: RunContext) -> str:
-        if ctx.direct:
-            q = _quantize_direct(ctx, self._todo)
-            results, ctx.intermediate = q.results, q.intermediate
-            ctx.notes += q.notes
-        else:
-            from ..quantize.llama import quantize
-
-            results = quantize(
-                ctx.intermediate,
-                [g for g, _ in self._todo],
-                [q for _, q in self._todo],
-                engine=ctx.engine,
-                llama_cpp=ctx.settings.llama_cpp,
-                imatrix=ctx.settings.imatrix,
-                threads=ctx.settings.threads,
-                force=True,
-                progress=ctx.bar,
-            )
+        settings = ctx.settings
+        request = QuantizeRequest(
+            self._todo, ctx.model_dir, ctx.intermediate, settings.outtype, ctx.work,
+            imatrix=settings.imatrix, threads=settings.threads,
+            keep_intermediate=settings.keep_intermediate, pages=ctx.pages,
+        )  # fmt: skip
+        q = ctx.quantizer.quantize(request, force=True, progress=ctx.bar)
+        results, ctx.intermediate = q.results, q.intermediate
+        ctx.notes += q.notes
         fallbacks = sum(len(r.fallbacks) for r in results)
         how = " in one read of the checkpoint" if ctx.direct else ""
         return (
@@ -433,21 +426,6 @@ def _gguf_complete(path: Path, file_type: str | None = None) -> bool:
 
         return info.file_type == file_types().get(file_type)
     return True
-
-
-def _quantize_direct(ctx: RunContext, todo: list[tuple[Path, str]]) -> CheckpointQuantized:
-    """The direct engine: every (output, type) of TODO in one read of the checkpoint."""
-    from ..quantize.direct import quantize_checkpoint
-    from ..quantize.llama import QuantizeSettings, load_imatrix
-
-    settings = ctx.settings
-    imatrix = load_imatrix(settings.imatrix) if settings.imatrix is not None else None
-    qs = QuantizeSettings(threads=settings.threads, imatrix=settings.imatrix)
-    return quantize_checkpoint(
-        ctx.model_dir, todo, settings.outtype, qs, imatrix, ctx.work,
-        keep_intermediate=settings.keep_intermediate, force=True, progress=ctx.bar,
-        pages=ctx.pages,
-    )  # fmt: skip
 
 
 def _yield_cpu() -> None:

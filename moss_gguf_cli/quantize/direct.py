@@ -36,7 +36,7 @@ from ..disk.page_cache import SourcePages
 from ..disk.sinks import appender
 from ..disk.staging import staged_file
 from ..errors import InputError, ToolError, UsageError
-from ..gguf.imatrix import OVERRIDE_STR_BYTES, ImatrixData, imatrix_kvs
+from ..gguf.imatrix import OVERRIDE_STR_BYTES, ImatrixData, imatrix_kvs, load_imatrix
 from ..gguf.stream import (
     CHUNK_BYTES,
     GGUFTensor,
@@ -50,10 +50,16 @@ from ..hold_points import hold
 from ..native import libggml as ggml_lib
 from ..native import llama_tools as lc
 from ..progress import ProgressReporter, ensure
-from .llama import (
+from .engines import (
+    Choice,
     Engine,
-    QuantizeJob,
+    Quantized,
+    QuantizeRequest,
     QuantizeResult,
+    direct_unavailable,
+)
+from .llama import (
+    QuantizeJob,
     QuantizeSettings,
     file_types,
     library_quantize,
@@ -69,17 +75,6 @@ _QT = gguf.GGMLQuantizationType
 
 class DirectUnavailable(Exception):
     """The direct path cannot run here (no llama-cpp-python, no sparse files); use another."""
-
-
-def available() -> str | None:
-    """None if the direct path can run here, else why not."""
-    if not lc.library_available():
-        return "llama-cpp-python (libllama) is not installed"
-    try:
-        ggml_lib.load()
-    except ggml_lib.GgmlUnavailable as exc:
-        return str(exc)
-    return None
 
 
 @dataclass
@@ -128,7 +123,7 @@ def plan_direct(
 
     ``intermediate``: also write the f16/bf16 GGUF the guide's chain would have made.
     """
-    why = available()
+    why = direct_unavailable()
     if why:
         raise DirectUnavailable(why)
     scratch_dir.mkdir(parents=True, exist_ok=True)
@@ -600,3 +595,22 @@ def quantize_checkpoint(
             continue
         return CheckpointQuantized(results, kind, kept, notes)
     raise AssertionError("unreachable")
+
+
+@dataclass
+class DirectQuantizer:
+    """The direct engine as `all` runs it: every output from the checkpoint in one read."""
+
+    choice: Choice
+
+    def quantize(
+        self, request: QuantizeRequest, force: bool, progress: ProgressReporter
+    ) -> Quantized:
+        imatrix = load_imatrix(request.imatrix) if request.imatrix is not None else None
+        settings = QuantizeSettings(threads=request.threads, imatrix=request.imatrix)
+        q = quantize_checkpoint(
+            request.model_dir, request.outputs, request.outtype, settings, imatrix, request.work,
+            keep_intermediate=request.keep_intermediate, force=force, progress=progress,
+            pages=request.pages,
+        )  # fmt: skip
+        return Quantized(q.results, q.intermediate, q.notes)

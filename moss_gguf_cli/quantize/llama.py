@@ -17,10 +17,8 @@ import queue
 import re
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from enum import Enum
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +31,18 @@ from ..gguf.read import GgufInfo, inspect_gguf  # the one GGUF header reader
 from ..hold_points import hold
 from ..native import llama_tools as lc
 from ..progress import ProgressReporter, ensure
+from .engines import (
+    GGUF_ENGINES,
+    Choice,
+    Engine,
+    Quantized,
+    QuantizeRequest,
+    QuantizeResult,
+    choose_engine,
+    parse_engine,
+)
 
 log = logging.getLogger(__name__)
-
-
-class Engine(str, Enum):
-    AUTO = "auto"
-    BINARY = "binary"
-    LIBRARY = "library"
 
 
 # --------------------------------------------------------------------------- type names
@@ -179,7 +181,7 @@ class QuantizeSettings:
             raise UsageError(f"unknown quantize settings: {', '.join(sorted(unknown))}")
         values = dict(data)
         if "engine" in values:
-            values["engine"] = parse_engine(values["engine"])
+            values["engine"] = parse_engine(values["engine"], GGUF_ENGINES)
         for key in ("llama_cpp", "imatrix"):
             if values.get(key) is not None:
                 values[key] = Path(values[key])
@@ -197,38 +199,6 @@ class QuantizeJob:
     engine: Engine  # BINARY or LIBRARY, never AUTO
     command: list[str]  # the llama-quantize argv (for the library: the same arguments)
     settings: QuantizeSettings  # with canonical type names
-
-
-@dataclass
-class QuantizeResult:
-    input: Path
-    output: Path
-    file_type: str
-    engine: str
-    command: list[str]
-    input_bytes: int
-    output_bytes: int
-    n_elements: int
-    input_bpw: float  # bits per weight of the input tensor data
-    bpw: float  # bits per weight of the output tensor data
-    seconds: float
-    tensors: list[lc.TensorRow]
-    fallbacks: list[lc.TensorFallback]
-    llama_cpp: str | None  # which llama.cpp did it
-    log_tail: list[str] = field(default_factory=list)
-
-    @property
-    def type_counts(self) -> Counter:
-        return Counter(row.dst_type for row in self.tensors)
-
-
-def parse_engine(value: Engine | str) -> Engine:
-    try:
-        return Engine(value.value if isinstance(value, Engine) else str(value).lower())
-    except ValueError:
-        raise UsageError(
-            f"unknown engine {value!r}", hint="choose auto, binary or library"
-        ) from None
 
 
 # --------------------------------------------------------------------------- planning
@@ -249,39 +219,6 @@ def quantize_command(
         output_tensor_type=s.output_tensor_type,
         allow_requantize=s.allow_requantize,
         pure=s.pure,
-    )
-
-
-def resolve_engine(engine: Engine, llama_cpp: Path | None) -> tuple[Engine, Path | None]:
-    if engine is Engine.LIBRARY:
-        if not lc.library_available():
-            raise ToolError(
-                "llama-cpp-python (libllama) is not installed",
-                hint=f"{lc.LIBRARY_HINT}; or use --engine binary",
-            )
-        return Engine.LIBRARY, None
-    tree = lc.find_llama_cpp(llama_cpp)
-    exe = tree.quantize_bin if tree else None
-    if engine is Engine.BINARY:
-        if exe is None:
-            where = f" in {tree.root}" if tree and tree.root else ""
-            raise ToolError(
-                f"{lc.QUANTIZE_BIN} not found{where}",
-                hint=f"{lc.GET_SCRIPT_HINT}; or use --engine library",
-            )
-        return Engine.BINARY, exe
-    if exe is not None:
-        return Engine.BINARY, exe
-    if lc.library_available():
-        if tree is not None:
-            log.warning(
-                "no %s built in %s (%s); using llama-cpp-python's libllama instead",
-                lc.QUANTIZE_BIN, tree.root, tree.source,
-            )  # fmt: skip
-        return Engine.LIBRARY, None
-    raise ToolError(
-        "no quantize engine: llama-quantize not found and llama-cpp-python not installed",
-        hint=f"{lc.GET_SCRIPT_HINT}; or {lc.LIBRARY_HINT}",
     )
 
 
@@ -373,7 +310,7 @@ def plan_quantize(
 ) -> tuple[GgufInfo, list[QuantizeJob]]:
     """Check everything that can be checked before work starts; return the jobs."""
     s = settings or QuantizeSettings()
-    engine = parse_engine(s.engine)
+    engine = parse_engine(s.engine, GGUF_ENGINES)
     canon = _canonical_types(types)
     tok_type = (
         parse_tensor_type(s.token_embedding_type, "--token-embedding-type")
@@ -394,7 +331,8 @@ def plan_quantize(
     _check_outputs(input, outputs, force)
     _check_input(input, info, s)
 
-    resolved, exe = resolve_engine(engine, s.llama_cpp)
+    choice = choose_engine(engine, s.llama_cpp, checkpoint=False)
+    resolved, exe = choice.engine, choice.binary
     # canonical names from here on; the library engine shows the equivalent llama-quantize
     s = replace(s, engine=resolved, token_embedding_type=tok_type, output_tensor_type=out_type)
     exe_name = str(exe) if exe is not None else lc.QUANTIZE_BIN
@@ -451,6 +389,33 @@ def quantize(
     # read for both engines: a bad file fails here, the same way, before any work
     imatrix_data = load_imatrix(settings.imatrix) if settings.imatrix is not None else None
     return [_run_job(job, info, imatrix_data, force, progress) for job in jobs]
+
+
+@dataclass
+class LlamaQuantizer:
+    """The binary and library engines as `all` runs them: llama.cpp's quantizer on the
+    intermediate GGUF, one output at a time."""
+
+    choice: Choice
+    llama_cpp: Path | None = None
+
+    def quantize(
+        self, request: QuantizeRequest, force: bool, progress: ProgressReporter
+    ) -> Quantized:
+        if request.intermediate is None:
+            raise UsageError("the two-pass engines quantize a GGUF: convert first")
+        results = quantize(
+            request.intermediate,
+            [g for g, _ in request.outputs],
+            [q for _, q in request.outputs],
+            engine=self.choice.engine,
+            llama_cpp=self.llama_cpp,
+            imatrix=request.imatrix,
+            threads=request.threads,
+            force=force,
+            progress=progress,
+        )
+        return Quantized(results, request.intermediate)
 
 
 def _progress_feed(
