@@ -34,6 +34,7 @@ from ..gguf.write import (
 )
 from ..progress import ProgressReporter, ensure
 from ..source.backbone import Backbone, open_backbone, plan_native
+from ..source.checkpoint import MossCheckpoint
 from .extract import extract
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ def _type_counts(tensors: list[GGUFTensor]) -> dict[str, int]:
 
 
 def convert(
-    input: Path,
+    input: Path | MossCheckpoint,
     outfile: Path,
     outtype: str | OutType = "f16",
     engine: str | Converter = "native",
@@ -115,7 +116,7 @@ def convert(
     eng = Converter.parse(engine)
     outfile = Path(outfile)
     _check_outfile(outfile, force)
-    backbone = open_backbone(Path(input))
+    backbone = open_backbone(input)
     tensors = plan_tensors(backbone.params, backbone.tensors, out_type, backbone.root)
     if eng is Converter.NATIVE:
         plan = plan_native(backbone, out_type, tensors)

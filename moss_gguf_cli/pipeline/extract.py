@@ -32,7 +32,7 @@ from ..errors import InputError, NumericError, UsageError
 from ..hold_points import hold
 from ..progress import ProgressReporter, ensure
 from ..source.backbone import backbone_config
-from ..source.checkpoint import MossCheckpoint, TensorRef, open_checkpoint
+from ..source.checkpoint import MossCheckpoint, TensorRef, as_checkpoint
 from ..source.safetensors_io import PlannedTensor, write_streaming
 from ..source.tables import NpyJob, npy_jobs
 
@@ -366,7 +366,7 @@ def _side_by_side(tasks: list[Callable[[], int]], stop: threading.Event) -> int:
 
 
 def extract(
-    model_dir: Path,
+    model: Path | MossCheckpoint,
     output: Path,
     *,
     max_shard_size: int | str = DEFAULT_MAX_SHARD,
@@ -378,7 +378,8 @@ def extract(
     source_pages: SourcePages | None = None,
     progress: ProgressReporter | None = None,
 ) -> ExtractResult:
-    """Write the layout of docs/ARCHITECTURE.md §3 for the checkpoint at model_dir into output.
+    """Write the layout of docs/ARCHITECTURE.md §3 for the checkpoint MODEL (a folder, or
+    the checkpoint `all` opened) into output.
 
     With ``backbone_weights=False`` the backbone folder gets only its config and
     tokenizer (for `all`, which converts the backbone straight from the source).
@@ -391,7 +392,7 @@ def extract(
     if npy_dtype not in NPY_DTYPES:
         raise UsageError(f"unknown --npy-dtype {npy_dtype!r}", hint="use float16 or float32")
     max_shard = parse_size(max_shard_size)
-    ck = open_checkpoint(Path(model_dir))
+    ck = as_checkpoint(model)
     output = Path(output)
     jobs = npy_jobs(ck)
     shards = plan_shards(ck.backbone_tensors(), max_shard) if backbone_weights else []

@@ -34,7 +34,7 @@ from ..quantize.llama import APPROX_BPW
 from ..source.audio_tokenizer import AudioTokenizer
 from ..source.audio_tokenizer import default_source as default_codec
 from ..source.audio_tokenizer import resolve as resolve_codec
-from ..source.checkpoint import open_checkpoint, resolve_model
+from ..source.checkpoint import MossCheckpoint, as_checkpoint, open_checkpoint, resolve_model
 from ..source.preconverted import GgufRepo, choose, derive_meta, fetch, recognise, write_meta
 from ..source.tables import npy_jobs
 from .layout import Placement, arrange, audio_tokenizer_files
@@ -81,10 +81,12 @@ def work_dir(output: Path) -> Path:
     return output.parent / f".{output.name}.work"
 
 
-def plan_bytes(model_dir: Path, settings: AllSettings, direct: bool = False) -> int:
+def plan_bytes(
+    model: Path | MossCheckpoint, settings: AllSettings, direct: bool = False
+) -> int:
     """Peak disk the run needs: tables + intermediate GGUF (not with the direct engine
     unless kept) + quantized GGUFs (+ kept copy)."""
-    ck = open_checkpoint(model_dir)
+    ck = as_checkpoint(model)
     backbone_params = sum(int(np.prod(r.shape)) for _, r in ck.backbone_tensors())
     tables = sum(int(np.prod(j.source.shape)) * 2 for j in npy_jobs(ck))
     intermediate = 0 if direct and not settings.keep_intermediate else backbone_params * 2
@@ -130,8 +132,9 @@ def _resolve(
     settings: AllSettings, bar: ProgressReporter, on_step: Callable[[str, int], None] | None
 ) -> RunContext:
     """Everything before the first step: the settings checked, doctor's pre-flight, the codec
-    and the model found, the engine chosen, the output and the disk checked, the work folder
-    made. Up front, so that a run that cannot finish stops before its long work."""
+    and the model found and the checkpoint opened (once: every step takes it from the
+    context), the engine chosen, the output and the disk checked, the work folder made. Up
+    front, so that a run that cannot finish stops before its long work."""
     from ..quantize.direct import DirectQuantizer
     from ..quantize.llama import LlamaQuantizer, output_name
 
@@ -143,14 +146,16 @@ def _resolve(
     is_tiny = settings.model.startswith("builtin:")
     ggufs = [work / output_name(Path("backbone_f16.gguf"), q) for q in quants]
     layout_done = not settings.force and _layout_complete(output, [g.name for g in ggufs])
-    codec = None
+    codec = checkpoint = None
     if not layout_done:
         _preflight_tools(settings)
-        codec = _find_codec(settings, is_tiny, bar)
+        checkpoint, codec = _find_codec(settings, is_tiny, bar)
     model_dir = resolve_model(settings.model, settings.revision, settings.cache_dir, bar)
+    if not layout_done and checkpoint is None:
+        checkpoint = open_checkpoint(model_dir)
     if codec is not None and settings.audio_tokenizer is None:
         # the model's own codec: refuses a model that speaks at another sampling rate
-        default_codec(builtin=is_tiny, sampling_rate=open_checkpoint(model_dir).moss.sampling_rate)
+        default_codec(builtin=is_tiny, sampling_rate=checkpoint.moss.sampling_rate)
     choice = choose_engine(settings.engine, settings.llama_cpp, checkpoint=True)
     quantizer: Quantizer = (
         DirectQuantizer(choice) if choice.from_checkpoint
@@ -160,10 +165,10 @@ def _resolve(
         if not settings.force:
             _refuse_other_output(output, "these quant types")
         if not work.exists():  # a resumed run has counted its disk already
-            _preflight_disk(model_dir, settings, output, direct=choice.from_checkpoint)
+            _preflight_disk(checkpoint, settings, output, direct=choice.from_checkpoint)
         work.mkdir(parents=True, exist_ok=True)
     return RunContext(
-        settings, bar, on_step, output, work, quants, ggufs, model_dir, codec, quantizer,
+        settings, bar, on_step, output, work, quants, ggufs, checkpoint, codec, quantizer,
         layout_done,
     )  # fmt: skip
 
@@ -199,12 +204,14 @@ def _preflight_tools(settings: AllSettings) -> None:
 
 def _find_codec(
     settings: AllSettings, is_tiny: bool, bar: ProgressReporter
-) -> AudioTokenizer | None:
+) -> tuple[MossCheckpoint | None, AudioTokenizer | None]:
     """The codec before the model: a missing one fails in seconds, not after the conversion.
-    A local folder is looked at first: refusing a look-alike model needs no codec."""
+    A local folder is opened first (the run's checkpoint): refusing a look-alike model needs
+    no codec."""
+    local = None
     if not is_tiny and Path(settings.model).expanduser().is_dir():
-        open_checkpoint(Path(settings.model).expanduser())
-    return resolve_codec(
+        local = open_checkpoint(Path(settings.model).expanduser())
+    return local, resolve_codec(
         settings.audio_tokenizer, builtin=is_tiny,
         revision=settings.audio_tokenizer_revision, cache_dir=settings.cache_dir,
         progress=bar,
@@ -221,11 +228,13 @@ def _refuse_other_output(output: Path, what: str) -> None:
         )
 
 
-def _preflight_disk(model_dir: Path, settings: AllSettings, output: Path, direct: bool) -> None:
+def _preflight_disk(
+    checkpoint: MossCheckpoint, settings: AllSettings, output: Path, direct: bool
+) -> None:
     """The disk of the output's folder holds the whole plan (before anything is written)."""
     from ..doctor import preflight
 
-    needed = plan_bytes(model_dir, settings, direct)
+    needed = plan_bytes(checkpoint, settings, direct)
     preflight(
         needs_quantize=False,
         output=output,

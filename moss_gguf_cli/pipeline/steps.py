@@ -29,7 +29,7 @@ from ..hold_points import hold
 from ..progress import ProgressReporter
 from ..quantize.engines import QuantizeRequest
 from ..source.audio_tokenizer import AudioTokenizer
-from ..source.checkpoint import open_checkpoint
+from ..source.checkpoint import MossCheckpoint
 from ..source.tables import npy_jobs
 from .extract import extract
 from .layout import LayoutMode, expected_tables, layout, read_meta
@@ -93,7 +93,7 @@ class RunContext:
     work: Path  # the hidden work folder beside the output
     quants: list[str]  # canonical type names, paired with ggufs
     ggufs: list[Path]  # the quantized GGUFs, in the work folder
-    model_dir: Path
+    checkpoint: MossCheckpoint | None  # opened once in resolve; None once the layout is done
     codec: AudioTokenizer | None  # None also once the layout is done: nothing to add
     quantizer: Quantizer  # the engine chosen (quantize.engines.choose_engine)
     layout_done: bool  # the output is a finished run of these types: only verify runs
@@ -189,7 +189,7 @@ class ExtractStep(Step):
 
     def run(self, ctx: RunContext) -> str:
         r = extract(
-            ctx.model_dir,
+            ctx.checkpoint,
             ctx.extracted,
             force=True,
             source_model=ctx.settings.model,
@@ -254,7 +254,7 @@ class ConvertStep(Step):
         outtype = "f16" if ctx.settings.outtype == "auto" else ctx.settings.outtype
         try:
             r = convert(
-                ctx.model_dir,
+                ctx.checkpoint,
                 ctx.work / f"backbone_{outtype}.gguf",
                 outtype=outtype,
                 force=True,
@@ -267,7 +267,7 @@ class ConvertStep(Step):
             ctx.notes.append(f"f16 would overflow ({exc.message}); converted to bf16 instead")
             log.warning(ctx.notes[-1])
             r = convert(
-                ctx.model_dir, ctx.work / "backbone_bf16.gguf", outtype="bf16", force=True,
+                ctx.checkpoint, ctx.work / "backbone_bf16.gguf", outtype="bf16", force=True,
                 progress=ctx.bar,
             )  # fmt: skip
         ctx.intermediate = r.outfile
@@ -294,7 +294,7 @@ class QuantizeStep(Step):
     def run(self, ctx: RunContext) -> str:
         settings = ctx.settings
         request = QuantizeRequest(
-            self._todo, ctx.model_dir, ctx.intermediate, settings.outtype, ctx.work,
+            self._todo, ctx.checkpoint, ctx.intermediate, settings.outtype, ctx.work,
             imatrix=settings.imatrix, threads=settings.threads,
             keep_intermediate=settings.keep_intermediate, pages=ctx.pages,
         )  # fmt: skip
@@ -360,7 +360,7 @@ def source_pages(ctx: RunContext, extracting: bool) -> SourcePages | None:
     )
     if not (extracting or reads_backbone) or ctx.settings.keep_intermediate:
         return None
-    ck = open_checkpoint(ctx.model_dir)
+    ck = ctx.checkpoint
     pages = SourcePages()
     if extracting:
         pages.expect(

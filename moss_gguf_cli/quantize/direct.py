@@ -50,6 +50,7 @@ from ..hold_points import hold
 from ..native import libggml as ggml_lib
 from ..native import llama_tools as lc
 from ..progress import ProgressReporter, ensure
+from ..source.checkpoint import MossCheckpoint
 from .engines import (
     Choice,
     Engine,
@@ -556,7 +557,7 @@ class CheckpointQuantized:
 
 
 def quantize_checkpoint(
-    model: Path,
+    model: Path | MossCheckpoint,
     outputs: list[tuple[Path, str]],
     outtype: str,
     settings: QuantizeSettings,
@@ -576,7 +577,7 @@ def quantize_checkpoint(
     from ..gguf.write import OutType, plan_tensors
     from ..source.backbone import open_backbone, plan_native
 
-    backbone = open_backbone(Path(model))
+    backbone = open_backbone(model)
     notes: list[str] = []
     for kind in ("f16", "bf16") if outtype == "auto" else (outtype,):
         out_type = OutType.parse(kind)
@@ -609,7 +610,7 @@ class DirectQuantizer:
         imatrix = load_imatrix(request.imatrix) if request.imatrix is not None else None
         settings = QuantizeSettings(threads=request.threads, imatrix=request.imatrix)
         q = quantize_checkpoint(
-            request.model_dir, request.outputs, request.outtype, settings, imatrix, request.work,
+            request.checkpoint, request.outputs, request.outtype, settings, imatrix, request.work,
             keep_intermediate=request.keep_intermediate, force=force, progress=progress,
             pages=request.pages,
         )  # fmt: skip

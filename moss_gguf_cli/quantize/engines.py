@@ -29,6 +29,7 @@ from ..native import llama_tools as lc
 if TYPE_CHECKING:
     from ..disk.page_cache import SourcePages
     from ..progress import ProgressReporter
+    from ..source.checkpoint import MossCheckpoint
 
 log = logging.getLogger(__name__)
 
@@ -153,11 +154,11 @@ def checked_as(engine: Engine | str, *, checkpoint: bool) -> Engine:
 
 @dataclass
 class QuantizeRequest:
-    """What `all`'s quantize step asks for: each output and its type, from the checkpoint
-    (direct) or from the intermediate GGUF (binary, library)."""
+    """What `all`'s quantize step asks for: each output and its type, from the opened
+    checkpoint (direct) or from the intermediate GGUF (binary, library)."""
 
     outputs: list[tuple[Path, str]]  # (output GGUF, canonical file type)
-    model_dir: Path
+    checkpoint: MossCheckpoint
     intermediate: Path | None  # the f16/bf16 GGUF the two-pass engines read
     outtype: str  # the intermediate's type (auto, f16, bf16)
     work: Path  # where the direct engine keeps its stand-in and kept intermediate

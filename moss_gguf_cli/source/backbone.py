@@ -72,9 +72,45 @@ def _meta_name(meta_path: Path) -> str | None:
         return None
 
 
-def open_backbone(input: Path) -> Backbone:
-    """Find out what INPUT is and where the backbone's config, tokenizer and tensors are."""
-    path = Path(input)
+def open_backbone(input: Path | MossCheckpoint) -> Backbone:
+    """Find out what INPUT is and where the backbone's config, tokenizer and tensors are;
+    an opened checkpoint (`all` opens it once) is used as it is."""
+    if isinstance(input, MossCheckpoint):
+        backbone = _moss_backbone(input)
+    else:
+        backbone = _find_backbone(Path(input))
+    for fname in TOKENIZER_REQUIRED:
+        if not (backbone.tokenizer_dir / fname).is_file():
+            raise InputError(
+                f"tokenizer file {fname} is missing",
+                path=backbone.tokenizer_dir,
+                hint="copy the model's tokenizer files into this folder",
+            )
+    if backbone.kind != "moss":
+        backbone.tensors = _safetensors_sources(backbone.root)
+    return backbone
+
+
+def _moss_backbone(ck: MossCheckpoint) -> Backbone:
+    """The backbone inside a MOSS checkpoint, its tensors read in place."""
+    return Backbone(
+        kind="moss",
+        root=ck.root,
+        config=backbone_config(ck),
+        config_path=ck.root / "config.json",
+        tokenizer_dir=ck.root,
+        tensors={
+            name: SourceTensor(
+                ref.name, ref.path, ref.dtype, tuple(ref.shape), ref.offset, ref.nbytes
+            )
+            for name, ref in ck.backbone_tensors()
+        },
+        name=f"{ck.moss.variant} backbone",
+    )
+
+
+def _find_backbone(path: Path) -> Backbone:
+    """What the folder PATH is: a backbone, an extract output, or a MOSS checkpoint."""
     if not path.exists():
         raise InputError("input folder not found", path=path, hint=INPUT_HINT)
     if not path.is_dir():
@@ -101,50 +137,26 @@ def open_backbone(input: Path) -> Backbone:
         raise InputError("config.json is not a JSON object", path=config_path)
 
     if "language_config" in config:
-        ck = open_checkpoint(root)  # refuses MOSS look-alikes, checks every tensor's shape
-        backbone = Backbone(
-            kind="moss",
-            root=root,
-            config=backbone_config(ck),
-            config_path=config_path,
-            tokenizer_dir=root,
-            tensors={
-                name: SourceTensor(
-                    ref.name, ref.path, ref.dtype, tuple(ref.shape), ref.offset, ref.nbytes
-                )
-                for name, ref in ck.backbone_tensors()
-            },
-            name=f"{ck.moss.variant} backbone",
+        # refuses MOSS look-alikes, checks every tensor's shape
+        return _moss_backbone(open_checkpoint(root))
+    archs = config.get("architectures") or []
+    arch = str(archs[0]) if archs else ""
+    if arch != QWEN3_ARCH:
+        what = arch or f"model_type {config.get('model_type', 'missing')!r}"
+        raise UnsupportedModelError(
+            f"architecture {what} is neither {QWEN3_ARCH} nor MOSS-TTS",
+            path=config_path,
+            hint=INPUT_HINT,
         )
-    else:
-        archs = config.get("architectures") or []
-        arch = str(archs[0]) if archs else ""
-        if arch != QWEN3_ARCH:
-            what = arch or f"model_type {config.get('model_type', 'missing')!r}"
-            raise UnsupportedModelError(
-                f"architecture {what} is neither {QWEN3_ARCH} nor MOSS-TTS",
-                path=config_path,
-                hint=INPUT_HINT,
-            )
-        backbone = Backbone(
-            kind=kind,
-            root=root,
-            config=config,
-            config_path=config_path,
-            tokenizer_dir=root,
-            tensors={},
-            name=meta_name or root.name,
-        )
-    for fname in TOKENIZER_REQUIRED:
-        if not (backbone.tokenizer_dir / fname).is_file():
-            raise InputError(
-                f"tokenizer file {fname} is missing",
-                path=backbone.tokenizer_dir,
-                hint="copy the model's tokenizer files into this folder",
-            )
-    if backbone.kind != "moss":
-        backbone.tensors = _safetensors_sources(root)
-    return backbone
+    return Backbone(
+        kind=kind,
+        root=root,
+        config=config,
+        config_path=config_path,
+        tokenizer_dir=root,
+        tensors={},
+        name=meta_name or root.name,
+    )
 
 
 def plan_native(

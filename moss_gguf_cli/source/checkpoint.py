@@ -449,3 +449,9 @@ def resolve_model(
     return download(model, HUB_PATTERNS, revision, cache_dir, progress)
 
 
+
+
+def as_checkpoint(source: Path | str | MossCheckpoint) -> MossCheckpoint:
+    """SOURCE opened: a checkpoint already opened (`all` opens it once per run) as it is,
+    a folder opened here."""
+    return source if isinstance(source, MossCheckpoint) else open_checkpoint(Path(source))
