@@ -137,11 +137,13 @@ def test_thread_count_does_not_change_a_byte(tiny_model, tmp_path):
 
 def test_the_digest_taken_while_writing_is_the_files(tiny_model, tmp_path):
     """layout's manifest reuses it instead of hashing the GGUF again: it must be exact."""
-    from moss_gguf_cli.disk.digests import known_checked_gguf, known_sha256, sha256_file
+    from moss_gguf_cli.disk.digests import HashRecord, sha256_file
 
-    results = direct(tiny_model, tmp_path, ["Q4_K_M", "Q8_0"]).results
+    record = HashRecord()
+    results = direct(tiny_model, tmp_path, ["Q4_K_M", "Q8_0"], record=record).results
     for r in results:
-        assert known_sha256(r.output) == known_checked_gguf(r.output) == sha256_file(r.output)
+        digest = record.known_sha256(r.output)
+        assert digest == record.known_checked_gguf(r.output) == sha256_file(r.output)
 
 
 def test_verify_trusts_only_the_very_file_the_engine_checked(tiny_model, tmp_path):
@@ -149,11 +151,13 @@ def test_verify_trusts_only_the_very_file_the_engine_checked(tiny_model, tmp_pat
     not read the GGUF again; once the file changes it is another file, read and judged."""
     import time
 
+    from moss_gguf_cli.disk.digests import HashRecord
     from moss_gguf_cli.verify import read_gguf, verify
 
-    out = direct(tiny_model, tmp_path, ["Q4_K_M"]).results[0].output
+    record = HashRecord()  # `all`'s, handed from its quantize step to its verify step
+    out = direct(tiny_model, tmp_path, ["Q4_K_M"], record=record).results[0].output
     before = _rchar()
-    rows = {r.name: r for r in verify(out).rows}
+    rows = {r.name: r for r in verify(out, record=record).rows}
     assert rows["GGUF values"].status == "pass", rows["GGUF values"]
     assert _rchar() - before < out.stat().st_size / 4
     time.sleep(0.05)  # past the filesystem clock's tick: the write below gets a new mtime
@@ -163,7 +167,7 @@ def test_verify_trusts_only_the_very_file_the_engine_checked(tiny_model, tmp_pat
     with open(out, "r+b") as f:
         f.seek(g.abs_offset(t) + 7 * 144)  # the d scale of block 7
         f.write(np.float16(np.nan).tobytes())
-    failing = {r.name: r.detail for r in verify(out).rows if r.status == "fail"}
+    failing = {r.name: r.detail for r in verify(out, record=record).rows if r.status == "fail"}
     assert failing.get("GGUF values") == "blk.1.ffn_up.weight holds Inf/NaN", failing
 
 

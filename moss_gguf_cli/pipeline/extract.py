@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from ..disk.digests import TableFacts, remember_sha256, remember_table
+from ..disk.digests import HashRecord, TableFacts
 from ..disk.layout_names import BACKBONE_DIR, EMBEDDING_DIR, LM_HEAD_DIR, META_NAME
 from ..disk.page_cache import SourcePages
 from ..disk.sinks import appender
@@ -159,19 +159,19 @@ def write_npy(
     dtype: str,
     on_bytes,
     stop: threading.Event,
-    remember: bool = False,
+    record: HashRecord | None = None,
     pages: SourcePages | None = None,
 ) -> int:
     """Stream one table to dest as .npy, refusing values the dtype cannot hold.
 
-    With ``remember`` its sha256 is taken on the way and, with what the writer checked,
-    recorded for dest (digests.py): a manifest and verify in this process need not read it.
+    With a ``record`` its sha256 is taken on the way and, with what the writer checked,
+    recorded for dest: the run's manifest and verify need not read it.
     """
     ref = job.source
     n = int(np.prod(ref.shape))
     header = npy_header(ref.shape, dtype)
     size = len(header) + n * np.dtype(dtype).itemsize
-    digest = hashlib.sha256(header) if remember else None
+    digest = hashlib.sha256(header) if record is not None else None
     with open(ref.path, "rb", buffering=0) as src, open(dest, "wb+") as f:
         f.write(header)
         f.flush()
@@ -186,9 +186,9 @@ def write_npy(
         if np.dtype(dtype) == np.float16:
             # every value passed _fits: finite in float16, the whole of verify's value check
             facts = TableFacts(tuple(ref.shape), np.dtype(dtype).str, len(header))
-            remember_table(dest, digest.hexdigest(), facts)
+            record.remember_table(dest, digest.hexdigest(), facts)
         else:
-            remember_sha256(dest, digest.hexdigest())
+            record.remember_sha256(dest, digest.hexdigest())
     hold("extract")
     return size
 
@@ -335,7 +335,7 @@ def _write_tables(
     npy_dtype: str,
     bars: _Bars,
     stop: threading.Event,
-    remember: bool,
+    record: HashRecord | None,
     pages: SourcePages | None,
 ) -> int:
     """The embedding tables and heads as .npy files, one after the other."""
@@ -346,7 +346,7 @@ def _write_tables(
             npy_dtype,
             bars.reporter(job.source.path),
             stop,
-            remember,
+            record,
             pages,
         )
         for job in jobs
@@ -374,7 +374,7 @@ def extract(
     force: bool = False,
     source_model: str | None = None,
     backbone_weights: bool = True,
-    remember: bool = False,
+    record: HashRecord | None = None,
     source_pages: SourcePages | None = None,
     progress: ProgressReporter | None = None,
 ) -> ExtractResult:
@@ -383,8 +383,8 @@ def extract(
 
     With ``backbone_weights=False`` the backbone folder gets only its config and
     tokenizer (for `all`, which converts the backbone straight from the source).
-    ``remember`` (for `all`, whose layout and verify look at the tables next) takes each
-    table's sha256 while writing it and records it with what the writer checked;
+    ``record`` (`all`'s, whose layout and verify look at the tables next) gets each
+    table's sha256, taken while writing it, with what the writer checked;
     ``source_pages`` is told of each table's source range as it is read.
     """
     started = time.perf_counter()
@@ -409,7 +409,7 @@ def extract(
         written = _side_by_side(
             [
                 lambda: _write_backbone(root / BACKBONE_DIR, shards, names, bars, stop),
-                lambda: _write_tables(jobs, root, npy_dtype, bars, stop, remember, source_pages),
+                lambda: _write_tables(jobs, root, npy_dtype, bars, stop, record, source_pages),
             ],
             stop,
         )

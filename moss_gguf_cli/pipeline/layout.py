@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from .. import __version__
-from ..disk.digests import sha256_cached
+from ..disk.digests import HashRecord
 from ..disk.layout_names import (
     AUDIO_TOKENIZER_DIR,
     BACKBONE_DIR,
@@ -162,15 +162,20 @@ def _place(src: Path, dest: Path, mode: LayoutMode) -> str:
 
 
 def hash_entries(
-    root: Path, rels: list[str], progress: ProgressReporter | None = None
+    root: Path,
+    rels: list[str],
+    progress: ProgressReporter | None = None,
+    record: HashRecord | None = None,
 ) -> list[ManifestEntry]:
-    """sha256 every file; hashlib releases the GIL, so two threads use both cores."""
+    """sha256 every file (RECORD's digest where the run took one already, and RECORD gets
+    the rest); hashlib releases the GIL, so two threads use both cores."""
     bar = ensure(progress)
+    record = record if record is not None else HashRecord()
     sizes = {rel: (root / rel).stat().st_size for rel in rels}
     bar.start("hash", "sha256", sum(sizes.values()), "B")
 
     def one(rel: str) -> ManifestEntry:
-        digest = sha256_cached(root / rel)
+        digest = record.sha256(root / rel)
         bar.advance("hash", sizes[rel])
         return ManifestEntry(rel, sizes[rel], digest)
 
@@ -239,8 +244,10 @@ def layout(
     source_model: str | None = None,
     force: bool = False,
     progress: ProgressReporter | None = None,
+    record: HashRecord | None = None,
 ) -> LayoutResult:
-    """Arrange OUTPUT from an extract folder and backbone GGUF(s); never half-populated."""
+    """Arrange OUTPUT from an extract folder and backbone GGUF(s); never half-populated.
+    RECORD: the run's hash record (the manifest reuses its digests)."""
     mode = LayoutMode(mode)
     ggufs = [Path(g) for g in (gguf if isinstance(gguf, list) else [gguf])]
     if not ggufs:
@@ -254,7 +261,7 @@ def layout(
     return arrange(
         items, meta, [g.name for g in ggufs], output, mode=mode, codec=audio_tokenizer,
         config_name=config_name, synth_overrides=synth_overrides, source_model=source_model,
-        force=force, progress=progress,
+        force=force, progress=progress, record=record,
     )  # fmt: skip
 
 
@@ -271,6 +278,7 @@ def arrange(
     source_model: str | None = None,
     force: bool = False,
     progress: ProgressReporter | None = None,
+    record: HashRecord | None = None,
 ) -> LayoutResult:
     """Place ITEMS into OUTPUT (staged, renamed when complete), then write YAML(s) and manifest."""
     mode = LayoutMode(mode)
@@ -305,7 +313,7 @@ def arrange(
             extra.append(output / name)
 
         rels = [i.rel for i in items] + [config_name] + [p.name for p in extra]
-        entries = hash_entries(stage.path, rels, bar)
+        entries = hash_entries(stage.path, rels, bar, record)
         moss = meta.get("moss_config") or {}
         lang = moss.get("language_config") or {}
         manifest = {

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..disk.digests import remember_sha256
+from ..disk.digests import HashRecord
 from ..disk.layout_names import CONFIG_NAME, MANIFEST_NAME, META_NAME
 from ..disk.staging import human_bytes
 from ..errors import InputError, OutputError, UsageError
@@ -323,6 +323,7 @@ def run_preconverted(
     bar = ensure(progress)
     output = Path(settings.output)
     steps: list[StepResult] = []
+    record = HashRecord()  # the Hub's digests, then layout's: verify reads nothing twice
     paths = choose(repo, settings.quants)
     names = [Path(p).name for p in paths]
     finished = not settings.force and _layout_complete(output, names)
@@ -338,15 +339,15 @@ def run_preconverted(
         )  # fmt: skip
         root, digests = fetch(repo, paths, settings.revision, settings.cache_dir, bar)
         for rel, digest in digests.items():
-            remember_sha256((root / rel).resolve(), digest)  # layout's manifest reuses them
+            record.remember_sha256((root / rel).resolve(), digest)  # layout's manifest reuses
         detail = f"{len(digests)} files, sha256 as the Hub lists" if digests else "local copy"
         steps.append(StepResult("download", "done", time.perf_counter() - t, detail))
         t = time.perf_counter()
-        entries = _arrange_preconverted(settings, repo, paths, names, root, codec, bar)
+        entries = _arrange_preconverted(settings, repo, paths, names, root, codec, bar, record)
         took = time.perf_counter() - t
         steps.append(StepResult("layout", "done", took, f"{entries} files"))
     t = time.perf_counter()
-    report, detail = verify_folder(output, bar)
+    report, detail = verify_folder(output, bar, record)
     steps.append(StepResult("verify", "done", time.perf_counter() - t, detail))
     config, files, speaks = _manifest_summary(output)
     return AllResult(
@@ -362,6 +363,7 @@ def _arrange_preconverted(
     root: Path,
     codec: AudioTokenizer | None,
     bar: ProgressReporter,
+    record: HashRecord,
 ) -> int:
     """Lay the fetched files out (their meta derived from the GGUF); the number of entries."""
     output = Path(settings.output)
@@ -377,6 +379,7 @@ def _arrange_preconverted(
         r = arrange(
             items, meta, names, output, codec=codec, source_model=repo.source,
             synth_overrides=settings.synth or None, force=settings.force, progress=bar,
+            record=record,
         )  # fmt: skip
     finally:
         shutil.rmtree(meta_path.parent, ignore_errors=True)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from ..disk.digests import HashRecord
 from ..disk.layout_names import BACKBONE_DIR, EMBEDDING_DIR, LM_HEAD_DIR, MANIFEST_NAME
 from ..disk.page_cache import SourcePages
 from ..disk.staging import human_bytes, remove_stale_partials
@@ -101,6 +102,7 @@ class RunContext:
     # what the steps add as they go
     intermediate: Path | None = None  # the f16/bf16 GGUF, found or written
     pages: SourcePages | None = None
+    record: HashRecord = field(default_factory=HashRecord)  # files hashed and checked
     steps: list[StepResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     report: object | None = None  # verify's
@@ -194,7 +196,7 @@ class ExtractStep(Step):
             force=True,
             source_model=ctx.settings.model,
             backbone_weights=ctx.settings.keep_intermediate,
-            remember=True,
+            record=ctx.record,
             source_pages=ctx.pages,
             progress=ctx.bar,
         )
@@ -296,7 +298,7 @@ class QuantizeStep(Step):
         request = QuantizeRequest(
             self._todo, ctx.checkpoint, ctx.intermediate, settings.outtype, ctx.work,
             imatrix=settings.imatrix, threads=settings.threads,
-            keep_intermediate=settings.keep_intermediate, pages=ctx.pages,
+            keep_intermediate=settings.keep_intermediate, pages=ctx.pages, record=ctx.record,
         )  # fmt: skip
         q = ctx.quantizer.quantize(request, force=True, progress=ctx.bar)
         results, ctx.intermediate = q.results, q.intermediate
@@ -331,6 +333,7 @@ class LayoutStep(Step):
             source_model=ctx.settings.model,
             force=True,
             progress=ctx.bar,
+            record=ctx.record,
         )
         return f"{len(r.entries)} files"
 
@@ -345,7 +348,7 @@ class VerifyStep(Step):
 
     def run(self, ctx: RunContext) -> str:
         hold("verify")
-        ctx.report, detail = verify_folder(ctx.output, ctx.bar)
+        ctx.report, detail = verify_folder(ctx.output, ctx.bar, ctx.record)
         return detail
 
 
@@ -371,11 +374,14 @@ def source_pages(ctx: RunContext, extracting: bool) -> SourcePages | None:
     return pages
 
 
-def verify_folder(output: Path, progress: ProgressReporter) -> tuple[object, str]:
-    """verify's fast checks of a finished folder; raises on a failing row. (report, detail)"""
+def verify_folder(
+    output: Path, progress: ProgressReporter, record: HashRecord
+) -> tuple[object, str]:
+    """verify's fast checks of a finished folder, taking what RECORD says the run's writers
+    hashed and checked; raises on a failing row. (report, detail)"""
     from ..verify import CODEC_ROW, verify  # an import error fails the step, never "done"
 
-    report = verify(output, progress=progress)
+    report = verify(output, progress=progress, record=record)
     silent = json.loads((output / MANIFEST_NAME).read_text()).get("audio_tokenizer", "?") is None
     # a folder made without a codec fails verify's codec row by design; all else must pass
     failed = [

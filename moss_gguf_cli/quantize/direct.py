@@ -31,7 +31,7 @@ import gguf
 import ml_dtypes
 import numpy as np
 
-from ..disk.digests import remember_checked_gguf
+from ..disk.digests import HashRecord
 from ..disk.page_cache import SourcePages
 from ..disk.sinks import appender
 from ..disk.staging import staged_file
@@ -392,8 +392,10 @@ def run_direct(
     force: bool = False,
     progress: ProgressReporter | None = None,
     pages: SourcePages | None = None,
+    record: HashRecord | None = None,
 ) -> list[QuantizeResult]:
-    """Read each source tensor once and write every target; one result per quantized type."""
+    """Read each source tensor once and write every target; one result per quantized type.
+    RECORD gets each output's digest and that every block passed ggml's validator."""
     bar = ensure(progress)
     started = time.perf_counter()
     names = ", ".join(t.file_type for t in plan.targets)
@@ -407,8 +409,8 @@ def run_direct(
                 outputs = _Outputs(plan, paths, files)
                 _stream(plan, outputs, bar, pages)
         for target, digest in zip(plan.targets, outputs.digests, strict=True):
-            if digest is not None:  # every block passed ggml's validator as it was written
-                remember_checked_gguf(target.output, digest.hexdigest())
+            if digest is not None and record is not None:  # every block passed the validator
+                record.remember_checked_gguf(target.output, digest.hexdigest())
     finally:
         bar.finish("quantize:tensors")
         bar.finish("quantize:bytes")
@@ -567,6 +569,7 @@ def quantize_checkpoint(
     force: bool = False,
     progress: ProgressReporter | None = None,
     pages: SourcePages | None = None,
+    record: HashRecord | None = None,
 ) -> CheckpointQuantized:
     """The checkpoint's backbone, quantized to every (output, type) in one read.
 
@@ -586,7 +589,7 @@ def quantize_checkpoint(
         kept = scratch_dir / f"backbone_{kind}.gguf" if keep_intermediate else None
         plan = plan_direct(source, outputs, settings, imatrix, scratch_dir, kept)
         try:
-            results = run_direct(plan, force=force, progress=progress, pages=pages)
+            results = run_direct(plan, force=force, progress=progress, pages=pages, record=record)
         except NumericError as exc:
             if outtype != "auto" or kind == "bf16":
                 raise
@@ -612,6 +615,6 @@ class DirectQuantizer:
         q = quantize_checkpoint(
             request.checkpoint, request.outputs, request.outtype, settings, imatrix, request.work,
             keep_intermediate=request.keep_intermediate, force=force, progress=progress,
-            pages=request.pages,
+            pages=request.pages, record=request.record,
         )  # fmt: skip
         return Quantized(q.results, q.intermediate, q.notes)

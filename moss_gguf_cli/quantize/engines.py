@@ -27,6 +27,7 @@ from ..native import libggml
 from ..native import llama_tools as lc
 
 if TYPE_CHECKING:
+    from ..disk.digests import HashRecord
     from ..disk.page_cache import SourcePages
     from ..progress import ProgressReporter
     from ..source.checkpoint import MossCheckpoint
@@ -166,6 +167,7 @@ class QuantizeRequest:
     threads: int | None = None
     keep_intermediate: bool = False
     pages: SourcePages | None = None
+    record: HashRecord | None = None  # the run's: what the engine hashed and checked
 
 
 @dataclass

@@ -26,6 +26,7 @@ import logging
 import time
 from pathlib import Path
 
+from ..disk.digests import HashRecord
 from ..errors import UsageError
 from ..gguf.read import GgufFile, GgufFormatError, GgufTensorInfo, file_type_name, read_gguf
 from ..progress import ProgressReporter, ensure
@@ -90,12 +91,14 @@ def verify(
     source: str | None = None,
     deep: bool = False,
     progress: ProgressReporter | None = None,
+    record: HashRecord | None = None,
 ) -> VerifyReport:
     """Check TARGET (weights folder, synth YAML, extract folder or GGUF); one row per check.
 
     ``source`` (a local folder, Hub id or builtin:tiny) adds the exact and numeric
     comparisons with the source checkpoint; ``deep`` runs the backbone in llama.cpp
-    against a torch reference forward of the source. Failing checks are rows
+    against a torch reference forward of the source; ``record`` is the run's hash record
+    (`all`'s: files its writers hashed and checked are not read again). Failing checks are rows
     (``report.ok`` is False); bad usage raises UsageError / InputError.
     """
     started = time.perf_counter()
@@ -110,7 +113,7 @@ def verify(
             path=t.path,
             hint="verify the weights folder or the GGUF",
         )
-    ctx = Context(t, source, deep, ensure(progress))
+    ctx = Context(t, source, deep, ensure(progress), record=record)
     _run(ctx)
     return VerifyReport(
         target=t.path,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..disk.digests import HashRecord
 from ..gguf.read import GgufFile
 from ..progress import ProgressReporter
 from ..report import Rows
@@ -40,6 +41,7 @@ class Context:
     gguf_special: dict[int, str] = field(default_factory=dict)  # GGUF token strings, special ids
     manifest_problems: list[str] = field(default_factory=list)
     backbone: Any = None  # source.backbone.Backbone of an extract folder
+    record: HashRecord | None = None  # the run's (`all`): files its writers hashed and checked
 
     def names(self, gguf: Path, check: str) -> str:
         """A row's name: CHECK, or CHECK (file) when the target holds several GGUFs."""
