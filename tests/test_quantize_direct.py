@@ -199,18 +199,18 @@ def test_three_types_read_the_source_once(tiny_model, tmp_path):
 def test_a_type_two_outputs_share_is_quantized_once(tiny_model, tmp_path, monkeypatch):
     """Q4_K_M's Q6_K tensors are the Q6_K file's bytes: one run making both quantizes them
     once (the byte-identity test above checks the shared bytes are right in both files)."""
-    from moss_gguf_cli.native import libggml as ggml_lib
+    from moss_gguf_cli.native import libggml
 
     counted: dict[int, int] = {}
     lock = threading.Lock()  # the pool's threads call it at once
-    real = ggml_lib.quantize_rows
+    real = libggml.quantize_rows
 
     def counting(type_id, src, dst, row0, row1, imatrix):
         with lock:
             counted[type_id] = counted.get(type_id, 0) + (row1 - row0) * src.shape[1]
         return real(type_id, src, dst, row0, row1, imatrix)
 
-    monkeypatch.setattr(ggml_lib, "quantize_rows", counting)
+    monkeypatch.setattr(libggml, "quantize_rows", counting)
     got = direct(tiny_model, tmp_path, ["Q4_K_M", "Q6_K"])
     q6k = int(gguf.GGMLQuantizationType.Q6_K)
     in_files = {

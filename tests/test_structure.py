@@ -214,3 +214,30 @@ def test_the_length_checks_find_long_code():
     assert long_functions("def f(\n" + "    a=1,\n" * 100 + "):\n    pass\n") == []
     assert too_long("x = 1\n" * (MAX_MODULE_LINES + 1))
     assert not too_long(f"{LONG_MODULE_MARK} one table\n" + "x = 1\n" * (MAX_MODULE_LINES + 1))
+
+
+def native_uses(tree: ast.AST) -> set[str]:
+    """What only native/libllama.py may do: import llama-cpp-python, set llama.cpp's
+    process-wide log callback, or reach into its private library handle."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "llama_cpp"
+                                                for a in node.names):  # fmt: skip
+            found.add("import llama_cpp")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("llama_cpp"):
+            found.add("import llama_cpp")
+        elif isinstance(node, ast.Attribute) and node.attr in ("llama_log_set", "_lib"):
+            found.add(node.attr)
+    return found
+
+
+def test_libllama_is_loaded_and_its_log_hooked_in_one_place():
+    found = {
+        name: uses
+        for name, path in modules().items()
+        if (uses := native_uses(ast.parse(path.read_text(encoding="utf-8"))))
+    }
+    assert found == {"moss_gguf_cli.native.libllama": {"import llama_cpp", "llama_log_set"}}
+    planted = "import ctypes\ndef f(llama_cpp):\n    llama_cpp.llama_log_set(None, None)\n"
+    assert native_uses(ast.parse(planted)) == {"llama_log_set"}
+    assert native_uses(ast.parse("from llama_cpp import _logger\n")) == {"import llama_cpp"}

@@ -41,7 +41,6 @@ from .environment import (
     dist_version,
     gpu_rows,
     hub_rows,
-    libllama_path,
     nvidia_gpus,
     onnxruntime_row,
     package_row,
@@ -78,7 +77,7 @@ __all__ = [
     "FAIL", "GROUPS", "PASS", "PORTABLE_BUILD_FIX", "REAL_MODEL", "RECHECK_HINT",
     "TREE_PORTABLE_FIX", "WARN", "DiskPlan", "DoctorReport", "DoctorRow", "ProbeResult",
     "nvidia_gpus", "build_probe_cmd", "cpu_fit_row", "disk_check", "doctor",
-    "interpret_probe", "libllama_path", "model_plan", "preflight", "probe_cache_path",
+    "interpret_probe", "model_plan", "preflight", "probe_cache_path",
     "probe_child_main", "probe_key", "quantize_bytes", "read_cached_probe", "real_model_plan",
     "resolve_engine", "run_probe", "runtime_probe", "write_probe_gguf",
 ]  # fmt: skip

@@ -7,9 +7,10 @@ import os
 from pathlib import Path
 
 from ..errors import MossGgufError, ToolError
+from ..native import libllama
 from ..native import llama_tools as lc
 from ..report import FAIL, PASS, WARN, CheckRow
-from .environment import cpu_fit_row, cpu_info, dist_version, error_row, libllama_path
+from .environment import cpu_fit_row, cpu_info, dist_version, error_row
 from .runtime import PORTABLE_BUILD_FIX, ProbeResult, signal_name, write_probe_gguf
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ def library_row(probe: ProbeResult, safe_import: bool) -> CheckRow:
         status = WARN if probe.status == WARN else FAIL  # WARN: the machine, not llama.cpp
         detail = f"llama_model_quantize not checked: {probe.detail}"
         return CheckRow("engines", "libllama", status, detail, probe.fix)
-    lib = libllama_path()
+    lib = libllama.library_path()
     build = lc.library_version() if safe_import else None
     shown = build.describe() if build else f"llama-cpp-python {version}"
     return CheckRow("engines", "libllama", PASS, f"llama_model_quantize in {shown} ({lib})")
@@ -129,8 +130,7 @@ def cpu_row(probe: ProbeResult, safe_import: bool) -> CheckRow:
         detail += f", reports {'/'.join(amx)}"
     system_info = None
     if safe_import and dist_version("llama_cpp_python") is not None:
-        import llama_cpp
-
+        llama_cpp = libllama.bindings()
         system_info = llama_cpp.llama_print_system_info().decode("utf-8", "replace")
     if amx and probe.crashed:
         return CheckRow("runtime", "CPU", FAIL, detail, probe.fix)

@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MossGgufError
+from ..native import libllama
 from ..native import llama_tools as lc
 from ..native.cpu_features import REINSTALL_HINT
 from ..report import FAIL, PASS, WARN
-from .environment import cpu_id, cpu_info, dist_version, libllama_path, one_line
+from .environment import cpu_id, cpu_info, dist_version, one_line
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ class ProbeResult:
 
 def probe_key() -> dict[str, Any] | None:
     """What identifies the installed llama.cpp build; None when llama-cpp-python is absent."""
-    lib = libllama_path()
+    lib = libllama.library_path()
     if lib is None:
         return None
     st = lib.stat()
@@ -510,8 +511,7 @@ def probe_child_main(workdir: str | Path) -> int:
         current = "importing llama_cpp"
         stage(current)
         try:
-            import llama_cpp
-
+            llama_cpp = libllama.bindings()
             llama_cpp.llama_backend_init()
         except Exception as exc:  # noqa: BLE001 - a broken install raises anything
             return finish({"ok": False, "kind": "missing", "error": one_line(exc)}, 5)

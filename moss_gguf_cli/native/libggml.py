@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import libllama
+
 
 class GgmlUnavailable(Exception):
     """llama-cpp-python, or the libggml it ships, cannot be used here."""
@@ -97,7 +99,7 @@ def load() -> Ggml:
         if _loaded is not None:
             return _loaded
         try:
-            import llama_cpp  # loads libggml the way llama-cpp-python does
+            llama_cpp = libllama.bindings()  # loads libggml the way llama-cpp-python does
         except Exception as exc:  # noqa: BLE001 - any import failure means: not available
             raise GgmlUnavailable(f"llama_cpp does not import: {exc}") from exc
         libdir = Path(llama_cpp.__file__).parent / "lib"

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ToolError
+from . import libllama
 from .cpu_features import REINSTALL_HINT
 
 log = logging.getLogger(__name__)
@@ -213,7 +214,7 @@ def tree_version(root: Path) -> LlamaCppVersion:
 
 def library_available() -> bool:
     try:
-        import llama_cpp  # noqa: F401
+        libllama.bindings()
     except Exception:  # noqa: BLE001 - a broken install counts as absent
         return False
     return True
@@ -221,17 +222,18 @@ def library_available() -> bool:
 
 def library_version() -> LlamaCppVersion | None:
     """llama.cpp inside llama-cpp-python: ggml's recorded commit and the library versions."""
-    try:
-        import ctypes
+    import ctypes
 
-        import llama_cpp
+    try:
+        llama_cpp = libllama.bindings()
+        lib = libllama.handle()
     except Exception:  # noqa: BLE001
         return None
 
     def call(name: str) -> str | None:
         # dlsym on libllama's handle also searches the ggml libraries it links
         try:
-            fn = getattr(llama_cpp.llama_cpp._lib, name)
+            fn = getattr(lib, name)
         except AttributeError:
             return None
         fn.restype = ctypes.c_char_p

@@ -47,7 +47,7 @@ from ..gguf.stream import (
 )
 from ..gguf.write import GGUFPlan, write_header
 from ..hold_points import hold
-from ..native import libggml as ggml_lib
+from ..native import libggml
 from ..native import llama_tools as lc
 from ..progress import ProgressReporter, ensure
 from ..source.checkpoint import MossCheckpoint
@@ -85,7 +85,7 @@ class DirectTarget:
     output: Path
     file_type: str
     types: dict[str, int]  # tensor name -> ggml type id
-    header: ggml_lib.HeaderBytes
+    header: libggml.HeaderBytes
     rows: list[lc.TensorRow] = field(default_factory=list)
     fallbacks: list[lc.TensorFallback] = field(default_factory=list)
     command: list[str] = field(default_factory=list)
@@ -141,7 +141,7 @@ def plan_direct(
         for t in targets[1:]:
             if [r.name for r in t.rows] != order:
                 raise AssertionError("llama.cpp gave two types different tensor orders")
-        with ggml_lib.GgufHeader(stand_in) as src:
+        with libggml.GgufHeader(stand_in) as src:
             for t in targets:
                 t.header = _header(src, t, settings, imatrix)
             if intermediate is not None:
@@ -184,16 +184,16 @@ def _dry_run(
             f"{len(source.tensors)}: {lc.last_lines(list(parser.lines))}"
         )
     types = {r.name: int(_QT[r.dst_type.upper()]) for r in parser.rows}
-    empty = ggml_lib.HeaderBytes(b"", {}, {}, 0)
+    empty = libggml.HeaderBytes(b"", {}, {}, 0)
     return DirectTarget(output, file_type, types, empty, parser.rows, parser.fallbacks, command)
 
 
 def _header(
-    src: ggml_lib.GgufHeader,
+    src: libggml.GgufHeader,
     t: DirectTarget,
     s: QuantizeSettings,
     imatrix: ImatrixData | None,
-) -> ggml_lib.HeaderBytes:
+) -> libggml.HeaderBytes:
     """The header llama-quantize would write for this target."""
     overrides: list[tuple[str, int | bytes]] = []
     if imatrix is not None:
@@ -201,7 +201,7 @@ def _header(
             overrides.append(
                 (key, value.encode()[:OVERRIDE_STR_BYTES] if isinstance(value, str) else value)
             )
-    return ggml_lib.build_header(
+    return libggml.build_header(
         src,
         [(r.name, t.types[r.name]) for r in t.rows],
         [
@@ -214,7 +214,7 @@ def _header(
 
 
 def _intermediate(
-    src: ggml_lib.GgufHeader, stand_in: Path, header_len: int, output: Path, source: GGUFPlan
+    src: libggml.GgufHeader, stand_in: Path, header_len: int, output: Path, source: GGUFPlan
 ) -> DirectTarget:
     """The f16/bf16 GGUF itself: the stand-in's header, the plan's types and order."""
     with open(stand_in, "rb") as fh:
@@ -224,7 +224,7 @@ def _intermediate(
     for t in source.tensors:
         offsets[t.name], sizes[t.name] = at, t.nbytes
         at += t.nbytes + (-t.nbytes % ALIGNMENT)
-    header = ggml_lib.HeaderBytes(meta, offsets, sizes, at)
+    header = libggml.HeaderBytes(meta, offsets, sizes, at)
     types = {t.name: int(t.qtype) for t in source.tensors}
     return DirectTarget(output, source.outtype.value.upper(), types, header, positional=True)
 
@@ -251,7 +251,7 @@ class _Quantizer:
         distinct = sorted({type_id for type_id in types.values() if type_id != int(t.qtype)})
         if not distinct:
             return [], {}
-        sizes = [rows * ggml_lib.row_size(type_id, cols) for type_id in distinct]
+        sizes = [rows * libggml.row_size(type_id, cols) for type_id in distinct]
         buf = slot.take(np.uint8, (sum(sizes),))
         by_type, at = {}, 0
         for type_id, n in zip(distinct, sizes, strict=True):
@@ -279,10 +279,10 @@ def _quantize_slice(qtype, data: np.ndarray, wide: np.ndarray, work, a: int, b: 
         _widen_into(data[a:b], wide[a:b], qtype)
     cols = data.shape[1]
     for type_id, out in work:
-        size = ggml_lib.row_size(type_id, cols)
-        if ggml_lib.quantize_rows(type_id, wide, out, a, b, imatrix) != (b - a) * size:
+        size = libggml.row_size(type_id, cols)
+        if libggml.quantize_rows(type_id, wide, out, a, b, imatrix) != (b - a) * size:
             raise AssertionError("ggml quantized a different number of bytes")
-        if not ggml_lib.valid_rows(type_id, out[a * size:b * size]):
+        if not libggml.valid_rows(type_id, out[a * size:b * size]):
             raise ToolError(f"ggml's check of the quantized {_QT(type_id).name} data failed")
 
 
@@ -509,7 +509,7 @@ def _write_chunk(plan: DirectPlan, outputs: _Outputs, p: _Pending) -> None:
     copies a tensor whose type stays."""
     for i in range(len(plan.targets)):
         if i in p.outs:
-            at = p.row0 * ggml_lib.row_size(plan.targets[i].types[p.t.name], p.data.shape[1])
+            at = p.row0 * libggml.row_size(plan.targets[i].types[p.t.name], p.data.shape[1])
             outputs.write(i, p.t.name, at, p.outs[i])
         else:
             rows = _as_intermediate(p.data, p.t)

@@ -29,6 +29,7 @@ from ..errors import InputError, OutputError, ToolError, UsageError
 from ..gguf.imatrix import OVERRIDE_STR_BYTES, ImatrixData, imatrix_kvs, load_imatrix
 from ..gguf.read import GgufInfo, inspect_gguf  # the one GGUF header reader
 from ..hold_points import hold
+from ..native import libllama
 from ..native import llama_tools as lc
 from ..progress import ProgressReporter, ensure
 from .engines import (
@@ -100,8 +101,7 @@ def file_types() -> dict[str, int]:
     except Exception:  # noqa: BLE001 - the other source may still work
         pass
     try:
-        import llama_cpp
-
+        llama_cpp = libllama.bindings()
         for attr in dir(llama_cpp):
             if attr.startswith("LLAMA_FTYPE_"):
                 name = _ftype_name(attr)
@@ -531,17 +531,12 @@ def _run_job(
 
 # --------------------------------------------------------------------------- library engine
 
-# ctypes callbacks handed to libllama must outlive any thread that may still call them
-_KEEP_ALIVE: list[Any] = []
-
-
 def _quantize_params(
     job: QuantizeJob, s: QuantizeSettings, imatrix_data: ImatrixData | None, dry_run: bool
 ) -> tuple[Any, list[Any]]:
     """llama_model_quantize_params for the job, and the arrays they point into (which must
     outlive the call)."""
-    import llama_cpp
-
+    llama_cpp = libllama.bindings()
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = job.ftype
     params.nthread = s.threads or 0
@@ -574,8 +569,7 @@ def library_quantize(
     """
     import ctypes
 
-    import llama_cpp
-
+    llama_cpp = libllama.bindings()
     llama_cpp.llama_backend_init()
     params, keep = _quantize_params(job, s, imatrix_data, dry_run)
     return _call_with_log(
@@ -594,20 +588,14 @@ def _call_with_log(call: Callable[[], int], on_text: Callable[[str], None], keep
     raised inside a ctypes callback would be swallowed). ``keep`` is what the call's
     arguments point into: kept alive for good if the call is interrupted.
     """
-    import ctypes
-
-    import llama_cpp
-
     texts: queue.SimpleQueue[str] = queue.SimpleQueue()
     active = threading.Event()
     active.set()
 
-    @llama_cpp.llama_log_callback
-    def on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    def on_log(level: int, text: bytes) -> None:
         if active.is_set() and text:
             texts.put(text.decode("utf-8", "replace"))
 
-    _KEEP_ALIVE.append(on_log)
     result: dict[str, Any] = {}
 
     def work() -> None:
@@ -623,7 +611,7 @@ def _call_with_log(call: Callable[[], int], on_text: Callable[[str], None], keep
             except queue.Empty:
                 return
 
-    llama_cpp.llama_log_set(on_log, ctypes.c_void_p(0))
+    hook = libllama.route_log(on_log)
     worker = threading.Thread(target=work, name="llama_model_quantize", daemon=True)
     finished = False
     try:
@@ -636,26 +624,14 @@ def _call_with_log(call: Callable[[], int], on_text: Callable[[str], None], keep
     finally:
         active.clear()
         if finished:
-            _restore_llama_log()
-            _KEEP_ALIVE.remove(on_log)
+            libllama.restore_log(hook)
         else:
             # interrupted: the worker cannot be stopped; it keeps writing to a file that
             # staged_file is about to delete, and dies with the process
-            _KEEP_ALIVE.append(keep)
+            libllama.hold_for_good(keep)
     if "exc" in result:
         raise result["exc"]
     return int(result.get("rc", 1))
-
-
-def _restore_llama_log() -> None:
-    try:
-        import ctypes
-
-        from llama_cpp import _logger, llama_log_set
-
-        llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
-    except Exception:  # noqa: BLE001 - only the library's default logger is lost
-        pass
 
 
 # --------------------------------------------------------------------------- importance matrix
@@ -665,8 +641,7 @@ def _attach_imatrix(params: Any, data: ImatrixData, file_arg: str, keep: list[An
     """Fill params.imatrix and the quantize.imatrix.* metadata as llama-quantize does."""
     import ctypes
 
-    import llama_cpp
-
+    llama_cpp = libllama.bindings()
     n = len(data.entries)
     arr = (llama_cpp.llama_model_imatrix_data * (n + 1))()
     for i, (name, values) in enumerate(data.entries.items()):
