@@ -48,7 +48,7 @@ from .steps import (
     RunContext,
     StepResult,
     VerifyStep,
-    source_pages,
+    plan_page_drops,
     verify_folder,
 )
 
@@ -254,9 +254,9 @@ def _run_steps(ctx: RunContext) -> None:
     background beside convert and quantize, the steps that decide the wall time."""
     extract = ExtractStep()
     ctx.bar.start("steps", "all", len(STEPS), "")
-    ctx.look()
+    ctx.find_earlier_outputs()
     # which steps read the source: each drops what it has read once the other is past it
-    ctx.pages = source_pages(ctx, extracting=extract.plan(ctx) is None)
+    ctx.pages = plan_page_drops(ctx, extracting=extract.plan(ctx) is None)
     extracting = extract.start(ctx)
     try:
         ctx.run(ConvertStep())

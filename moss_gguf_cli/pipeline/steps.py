@@ -74,9 +74,9 @@ class StepResult:
 
 
 @dataclass(frozen=True)
-class Found:
+class EarlierOutputs:
     """What earlier runs left complete, looked at once before any step runs: which steps
-    read the source must be known before extract starts (`source_pages`)."""
+    read the source must be known before extract starts (`plan_page_drops`)."""
 
     extracted: bool  # tables, tokenizer and meta (not looked at once the layout is done)
     intermediate: Path | None  # a complete f16/bf16 GGUF of a wanted type
@@ -98,7 +98,7 @@ class RunContext:
     codec: AudioTokenizer | None  # None also once the layout is done: nothing to add
     quantizer: Quantizer  # the engine chosen (quantize.engines.choose_engine)
     layout_done: bool  # the output is a finished run of these types: only verify runs
-    found: Found = field(init=False)  # set as the steps start (`look`)
+    earlier: EarlierOutputs = field(init=False)  # set as the steps start (find_earlier_outputs)
     # what the steps add as they go
     intermediate: Path | None = None  # the f16/bf16 GGUF, found or written
     pages: SourcePages | None = None
@@ -120,14 +120,14 @@ class RunContext:
     def is_tiny(self) -> bool:
         return self.settings.model.startswith("builtin:")
 
-    def look(self) -> None:
-        """Fill in `found` (and the intermediate a previous run left)."""
+    def find_earlier_outputs(self) -> None:
+        """Fill in `earlier` (and the intermediate a previous run left)."""
         wanted = ("f16", "bf16") if self.settings.outtype == "auto" else (self.settings.outtype,)
         candidates = (self.work / f"backbone_{t}.gguf" for t in wanted)
         intermediate = next((p for p in candidates if _gguf_complete(p)), None)
         quantized = all(_gguf_complete(g, q) for g, q in zip(self.ggufs, self.quants, strict=True))
         extracted = not self.layout_done and _extract_complete(self.extracted)
-        self.found = Found(extracted, intermediate, quantized)
+        self.earlier = EarlierOutputs(extracted, intermediate, quantized)
         self.intermediate = intermediate
 
     def begin(self, name: str) -> float:
@@ -177,7 +177,7 @@ class ExtractStep(Step):
     name = "extract"
 
     def plan(self, ctx: RunContext) -> str | None:
-        return COMPLETE if ctx.layout_done or ctx.found.extracted else None
+        return COMPLETE if ctx.layout_done or ctx.earlier.extracted else None
 
     def start(self, ctx: RunContext) -> Background | None:
         """Skip, or begin and go on in the background (None: skipped)."""
@@ -245,8 +245,8 @@ class ConvertStep(Step):
     def plan(self, ctx: RunContext) -> str | None:
         if ctx.direct:  # the direct engine reads the source once for every type
             return "not needed: quantized straight from the checkpoint"
-        found = ctx.found
-        if ctx.layout_done or found.quantized or found.intermediate is not None:
+        earlier = ctx.earlier
+        if ctx.layout_done or earlier.quantized or earlier.intermediate is not None:
             return COMPLETE
         return None
 
@@ -288,7 +288,7 @@ class QuantizeStep(Step):
     def plan(self, ctx: RunContext) -> str | None:
         if ctx.layout_done:
             return COMPLETE
-        # looked at now, not with `found`: after convert, which wrote what quantize reads
+        # looked at now, not with `earlier`: after convert, which wrote what quantize reads
         pairs = zip(ctx.ggufs, ctx.quants, strict=True)
         self._todo = [(g, q) for g, q in pairs if not _gguf_complete(g, q)]
         return None if self._todo else COMPLETE
@@ -352,15 +352,14 @@ class VerifyStep(Step):
         return detail
 
 
-def source_pages(ctx: RunContext, extracting: bool) -> SourcePages | None:
+def plan_page_drops(ctx: RunContext, extracting: bool) -> SourcePages | None:
     """The source ranges extract and the backbone's reader (convert, or the direct quantize)
     will read, each reader announced, so that each drops what it has read once the other is
     past it; None when nothing reads the source or extract also copies the backbone."""
-    found = ctx.found
+    earlier = ctx.earlier
     # convert runs, or the direct quantize: either reads the backbone from the source
-    reads_backbone = not (
-        ctx.layout_done or found.quantized or (not ctx.direct and found.intermediate is not None)
-    )
+    converted = not ctx.direct and earlier.intermediate is not None
+    reads_backbone = not (ctx.layout_done or earlier.quantized or converted)
     if not (extracting or reads_backbone) or ctx.settings.keep_intermediate:
         return None
     ck = ctx.checkpoint

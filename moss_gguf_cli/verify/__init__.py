@@ -3,7 +3,7 @@
 TARGET is a weights folder (made by `layout`/`all`), a synth config YAML (its paths are
 checked, relative to the YAML's folder), an `extract` output folder, or a single GGUF
 (target.py). Model facts (n_vq, sizes, token ids) come from ``extraction_meta.json``'s
-``moss_config`` or from ``--source`` (facts.py).
+``moss_config`` or from ``--source`` (model_facts.py).
 
 A failing check is a row with status "fail", never an exception; exceptions are kept for
 bad usage (a TARGET that does not exist or is not one of the four kinds, an unreadable
@@ -40,8 +40,8 @@ from .deep import (
     llama_hidden,
     reference_hidden,
 )
-from .facts import Facts, facts_from_config
 from .metadata import gguf_checks, parse_ggufs
+from .model_facts import Facts, facts_from_config
 from .quality import (
     DEEP_THRESHOLDS,
     TENSOR_MAX_REL_RMSE,

@@ -12,7 +12,7 @@ from ..gguf.read import GgufFile
 from ..progress import ProgressReporter
 from ..report import Rows
 from ..source.checkpoint import MossCheckpoint
-from .facts import Facts
+from .model_facts import Facts
 from .quality import QualitySummary
 from .result import DeepResult
 from .target import Target

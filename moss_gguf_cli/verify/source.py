@@ -19,7 +19,7 @@ from ..gguf.read import GgufFile
 from ..report import FAIL, PASS
 from ..source.checkpoint import MossCheckpoint
 from .context import Context
-from .facts import Facts, facts_diff, facts_from_config, facts_line, read_meta_facts
+from .model_facts import Facts, facts_diff, facts_from_config, facts_line, read_meta_facts
 from .quality import QualitySummary, TensorQuality, tensor_threshold
 from .tensors import (
     SOURCE_DTYPES,
