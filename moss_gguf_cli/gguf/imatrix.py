@@ -2,7 +2,7 @@
 
 Both formats: the GGUF one (``<tensor>.in_sum2`` / ``.counts``) and the legacy ``.dat``.
 The values and the ``quantize.imatrix.*`` keys they add feed the library engine
-(quantize.py) and the direct engine (quantize_direct.py) alike.
+(quantize/llama.py) and the direct engine (quantize/direct.py) alike.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The Qwen3 tensor-name table: one decoder layer's tensors by Hugging Face name, with shapes.
 
-The MOSS checkpoint keeps them under ``language_model.layers.N.`` (checkpoint.py, tiny.py),
-the extracted Qwen3ForCausalLM under ``model.layers.N.`` (gguf_write.py, reference.py); the
-GGUF names (``blk.N.attn_q``…) come from the gguf package's own map.
+The MOSS checkpoint keeps them under ``language_model.layers.N.`` (source/checkpoint.py,
+source/tiny.py), the extracted Qwen3ForCausalLM under ``model.layers.N.`` (gguf/write.py,
+verify/reference.py); the GGUF names (``blk.N.attn_q``…) come from the gguf package's own map.
 """
 
 from __future__ import annotations

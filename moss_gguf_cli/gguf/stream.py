@@ -3,7 +3,7 @@
 Memory stays bounded: the data is appended in row chunks read with plain file reads (a memory
 map would count every touched page against the process), converted, and padded to the
 alignment GGUFWriter's offsets assume. One thread reads and converts while another writes;
-the caller's sink (sinks.appender) decides how the bytes reach the disk. quantize_direct reads
+the caller's sink (disk.sinks.appender) decides how the bytes reach the disk. quantize.direct reads
 through the same reader thread (`produce_chunks`).
 """
 

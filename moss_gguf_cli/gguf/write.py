@@ -5,10 +5,10 @@ made here: which keys, which tokenizer facts, which type each tensor gets. What 
 through transformers and torch we decide from the same files with ``tokenizers`` and NumPy;
 the parity tests compare both outputs tensor by tensor and key by key.
 
-The tokenizer keys come from gguf_vocab.py, the tensor data from gguf_stream.py. Memory stays
+The tokenizer keys come from gguf/vocab.py, the tensor data from gguf/stream.py. Memory stays
 bounded: GGUFWriter writes the header, the key/values and the tensor infos (for which it needs
 only shapes, types and sizes); the data is then streamed in row chunks. The output is
-preallocated and written through the page cache with write-behind (sinks.WriteBehindSink):
+preallocated and written through the page cache with write-behind (disk.sinks.WriteBehindSink):
 quantize reads it next from memory, while dirty pages stay bounded so the writer is never
 throttled.
 """

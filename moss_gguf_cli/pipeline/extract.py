@@ -1,7 +1,7 @@
 """`extract`: split a MOSS checkpoint into a Qwen3 backbone, embedding tables and heads.
 
 Streaming and bounded memory: backbone shards are written header first and then the
-tensor bytes through the O_DIRECT appenders of sinks.py; `.npy` tables are cast in small
+tensor bytes through the O_DIRECT appenders of disk/sinks.py; `.npy` tables are cast in small
 chunks read with plain reads (not memory maps, which would count every touched
 page of a multi-GB table against the process). The two streams run side by side:
 one is I/O-bound, the other CPU-bound.

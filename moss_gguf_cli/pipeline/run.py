@@ -7,7 +7,7 @@ the rest. The backbone is converted straight from the source shards, so no
 intermediate safetensors copy is written unless asked for.
 
 `run_all` reads top to bottom: resolve the settings (checks and pre-flight, in the
-order that fails fastest), run the steps of `pipeline_steps` in order, finish (the work
+order that fails fastest), run the steps of `pipeline.steps` in order, finish (the work
 folder removed or kept). Pre-converted weights take `run_preconverted` instead.
 """
 

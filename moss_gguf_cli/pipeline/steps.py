@@ -1,4 +1,4 @@
-"""`all`'s five steps and the state of one run; `pipeline.run_all` drives them in order.
+"""`all`'s five steps and the state of one run; `pipeline.run.run_all` drives them in order.
 
 Every step has the same two parts: ``plan``, its resume check, made just before it would run
 (None: it runs; a string: its output is already complete, and the detail it is skipped with),

@@ -1,7 +1,7 @@
 """The special token ids of MOSS-TTS's Qwen3 tokenizer (docs/ARCHITECTURE.md §2).
 
-Used only when a config lacks the key (checkpoint.py), and written into builtin:tiny's
-config (tiny.py).
+Used only when a config lacks the key (source/checkpoint.py), and written into builtin:tiny's
+config (source/tiny.py).
 """
 
 TOKEN_DEFAULTS = {

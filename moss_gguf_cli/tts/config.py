@@ -77,7 +77,7 @@ class SynthConfig:
     audio_decoder_onnx: Path | None = None
     audio_encoder_onnx: Path | None = None
     model_config: Path | None = None  # extraction_meta.json or the MOSS config.json
-    # defaults: synth_defaults.SYNTH_DEFAULTS, the values layout writes (upstream's)
+    # defaults: tts.defaults.SYNTH_DEFAULTS, the values layout writes (upstream's)
     audio_backend: str = D["audio_backend"]
     heads_backend: str = D["heads_backend"]
     n_ctx: int = D["n_ctx"]

@@ -24,7 +24,7 @@ class Facts:
 
     origin: str
     moss: MossConfig | None = None
-    params: Any = None  # gguf_write.Qwen3Params: the backbone as llama.cpp's converter sees it
+    params: Any = None  # gguf.write.Qwen3Params: the backbone as llama.cpp's converter sees it
     language: dict[str, Any] = field(default_factory=dict)
     n_vq: int | None = None
 
