@@ -12,6 +12,7 @@ from ..disk.staging import human_bytes
 from ..errors import UsageError
 from ..pipeline.recipes import Recipe, load_recipe
 from ..pipeline.run import AllResult, AllSettings, run_all
+from ..quantize.engines import Engine
 from ..source.audio_tokenizer import DEFAULT_REPO, parse_flag
 from ._command import command
 from ._options import CacheDir, Force, LlamaCppDir, Quiet, Revision, Verbose
@@ -112,7 +113,7 @@ def all_command(
         output=output,
         quants=quant or r.quant or ["Q4_K_M"],
         outtype=outtype or r.outtype or "auto",
-        engine=engine or r.engine or "auto",
+        engine=engine or r.engine or Engine.AUTO.value,
         synth=r.synth,
         llama_cpp=llama_cpp,
         imatrix=imatrix,

@@ -9,6 +9,7 @@ from pathlib import Path
 from ..errors import MossGgufError, ToolError
 from ..native import libllama
 from ..native import llama_tools as lc
+from ..quantize.engines import Engine
 from ..report import FAIL, PASS, WARN, CheckRow
 from .environment import cpu_fit_row, cpu_info, dist_version, error_row
 from .runtime import PORTABLE_BUILD_FIX, ProbeResult, signal_name, write_probe_gguf
@@ -22,7 +23,7 @@ TREE_PORTABLE_FIX = (
 )
 
 
-def resolve_engine(engine: str, llama_cpp: Path | None) -> tuple[str, Path | None]:
+def resolve_engine(engine: Engine | str, llama_cpp: Path | None) -> tuple[str, Path | None]:
     """Which engine `quantize --engine ENGINE` would use, and its binary: quantize's own rules."""
     from ..quantize.engines import choose_engine
 
@@ -115,7 +116,7 @@ def auto_row(llama_cpp: Path | None, safe_import: bool) -> CheckRow:
             f"reinstall a portable build: {PORTABLE_BUILD_FIX}",
         )
     try:
-        engine, exe = resolve_engine("auto", llama_cpp)
+        engine, exe = resolve_engine(Engine.AUTO, llama_cpp)
     except MossGgufError as exc:
         return error_row("engines", "auto engine", exc)
     what = f"binary ({exe})" if exe else "library (llama-cpp-python's libllama, in-process)"

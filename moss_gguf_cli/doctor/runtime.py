@@ -515,6 +515,7 @@ def probe_child_main(workdir: str | Path) -> int:
             llama_cpp.llama_backend_init()
         except Exception as exc:  # noqa: BLE001 - a broken install raises anything
             return finish({"ok": False, "kind": "missing", "error": one_line(exc)}, 5)
+        from ..quantize.engines import Engine
         from ..quantize.llama import quantize
 
         current = "writing the f16 probe GGUF"
@@ -531,7 +532,7 @@ def probe_child_main(workdir: str | Path) -> int:
             stage(current)
             out = workdir / f"probe_{qtype.lower()}.gguf"
             try:
-                quantize(f16, out, qtype, engine="library", threads=2)
+                quantize(f16, out, qtype, engine=Engine.LIBRARY, threads=2)
             except MossGgufError as exc:
                 raise _LlamaFailure(exc.message) from exc
             current = f"decoding the {qtype} model"

@@ -28,7 +28,7 @@ from ..disk.staging import human_bytes, remove_stale_partials
 from ..errors import MossGgufError, NumericError
 from ..hold_points import hold
 from ..progress import ProgressReporter
-from ..quantize.engines import QuantizeRequest
+from ..quantize.engines import Engine, QuantizeRequest
 from ..source.audio_tokenizer import AudioTokenizer
 from ..source.checkpoint import MossCheckpoint
 from ..source.tables import npy_jobs
@@ -52,7 +52,7 @@ class AllSettings:
     output: Path
     quants: list[str] = field(default_factory=lambda: ["Q4_K_M"])
     outtype: str = "auto"  # f16, bf16, or auto: f16 unless a tensor overflows it
-    engine: str = "auto"  # a quantize.engines.Engine name
+    engine: str = Engine.AUTO.value  # a quantize.engines.Engine name
     imatrix: Path | None = None
     llama_cpp: Path | None = None
     keep_intermediate: bool = False

@@ -531,7 +531,7 @@ def _results(plan: DirectPlan, seconds: float) -> list[QuantizeResult]:
                 input=plan.source.tensors[0].source.path.parent,
                 output=target.output,
                 file_type=target.file_type,
-                engine="direct",
+                engine=Engine.DIRECT.value,
                 command=target.command,
                 input_bytes=plan.source.source_bytes,
                 output_bytes=size,
