@@ -149,7 +149,8 @@ def _resolve(
     codec = checkpoint = None
     if not layout_done:
         _preflight_tools(settings)
-        checkpoint, codec = _find_codec(settings, is_tiny, bar)
+        checkpoint = _open_local(settings, is_tiny)  # a look-alike is refused before the codec
+        codec = _find_codec(settings, is_tiny, bar)
     model_dir = resolve_model(settings.model, settings.revision, settings.cache_dir, bar)
     if not layout_done and checkpoint is None:
         checkpoint = open_checkpoint(model_dir)
@@ -202,16 +203,19 @@ def _preflight_tools(settings: AllSettings) -> None:
     )
 
 
+def _open_local(settings: AllSettings, is_tiny: bool) -> MossCheckpoint | None:
+    """A local model folder, opened (the run's checkpoint) before anything else is looked at:
+    refusing a look-alike model needs no codec. None for a Hub or builtin model."""
+    if not is_tiny and Path(settings.model).expanduser().is_dir():
+        return open_checkpoint(Path(settings.model).expanduser())
+    return None
+
+
 def _find_codec(
     settings: AllSettings, is_tiny: bool, bar: ProgressReporter
-) -> tuple[MossCheckpoint | None, AudioTokenizer | None]:
-    """The codec before the model: a missing one fails in seconds, not after the conversion.
-    A local folder is opened first (the run's checkpoint): refusing a look-alike model needs
-    no codec."""
-    local = None
-    if not is_tiny and Path(settings.model).expanduser().is_dir():
-        local = open_checkpoint(Path(settings.model).expanduser())
-    return local, resolve_codec(
+) -> AudioTokenizer | None:
+    """The codec before the model: a missing one fails in seconds, not after the conversion."""
+    return resolve_codec(
         settings.audio_tokenizer, builtin=is_tiny,
         revision=settings.audio_tokenizer_revision, cache_dir=settings.cache_dir,
         progress=bar,
