@@ -42,6 +42,8 @@ def load_imatrix(path: Path) -> ImatrixData:
 
 
 def _load_imatrix_gguf(path: Path) -> ImatrixData:
+    # gguf-py's reader, not gguf/read.py: what is needed here is tensor data (a small file),
+    # which the header reader does not read
     import gguf
 
     reader = gguf.GGUFReader(path)

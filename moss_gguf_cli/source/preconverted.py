@@ -185,15 +185,15 @@ _GGUF_LANG = {
 
 
 def gguf_language_config(path: Path) -> dict:
-    """A Qwen3 language_config from a backbone GGUF's qwen3.* metadata."""
-    from gguf import GGUFReader
+    """A Qwen3 language_config from a backbone GGUF's qwen3.* metadata (the one GGUF header
+    reader, gguf/read.py: it skips the vocabulary)."""
+    from ..gguf.read import read_gguf
 
-    reader = GGUFReader(path)
+    kv = read_gguf(path).kv
     out: dict = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}
     for key, gkey in _GGUF_LANG.items():
-        field = reader.get_field(f"qwen3.{gkey}")
-        if field is not None:
-            value = field.contents()
+        value = kv.get(f"qwen3.{gkey}")
+        if value is not None:
             out[key] = float(value) if key in ("rms_norm_eps", "rope_theta") else int(value)
     return out
 
