@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from moss_gguf_cli.tiny import TinySpec, tensor_shapes, write_tiny
+from moss_gguf_cli.source.tiny import TinySpec, tensor_shapes, write_tiny
 
 # MOSS-TTS's real dims; the benchmarks default to 2 of its 36 layers (every table and head at
 # full size, ≈ 3.9 GB bf16); --layers 36 gives the whole model's shape (≈ 17 GB in 4 shards)

@@ -47,7 +47,7 @@ MOSS = [sys.executable, "-m", "moss_gguf_cli"]
 
 def build_folder(workdir: Path) -> Path:
     """The 2-layer real-dims checkpoint as a Q4_K_M weights folder (made once)."""
-    from moss_gguf_cli.tiny_codec import ensure_tiny_codec
+    from moss_gguf_cli.source.tiny_codec import ensure_tiny_codec
 
     folder = workdir / "serve-weights"
     if (folder / "moss-tts.yaml").is_file():

@@ -38,10 +38,10 @@ CAL_TYPES = [
 
 def build_folder(work: Path, model: Path, engine: str) -> dict[str, Path]:
     """extract + convert + quantize + layout of the real-dims checkpoint (once)."""
-    from moss_gguf_cli.convert import convert
-    from moss_gguf_cli.extract import extract
-    from moss_gguf_cli.layout import layout
-    from moss_gguf_cli.quantize import quantize
+    from moss_gguf_cli.pipeline.convert import convert
+    from moss_gguf_cli.pipeline.extract import extract
+    from moss_gguf_cli.pipeline.layout import layout
+    from moss_gguf_cli.quantize.llama import quantize
 
     paths = {
         "extracted": work / "extracted",
@@ -104,12 +104,12 @@ def calibrate(args: argparse.Namespace) -> None:
     from tokenizers import Tokenizer
 
     from moss_gguf_cli import verify as V
-    from moss_gguf_cli.checkpoint import open_checkpoint
-    from moss_gguf_cli.convert import convert
-    from moss_gguf_cli.extract import extract
+    from moss_gguf_cli.pipeline.convert import convert
+    from moss_gguf_cli.pipeline.extract import extract
     from moss_gguf_cli.progress import NullProgress
-    from moss_gguf_cli.quantize import quantize
-    from moss_gguf_cli.tiny import ensure_tiny
+    from moss_gguf_cli.quantize.llama import quantize
+    from moss_gguf_cli.source.checkpoint import open_checkpoint
+    from moss_gguf_cli.source.tiny import ensure_tiny
 
     ck = open_checkpoint(ensure_tiny("tiny"))
     facts = V.facts_from_config(ck.config, "source")

@@ -2,4 +2,4 @@
 
 __version__ = "0.1.0"
 
-from . import holds as _holds  # noqa: E402,F401 - takes MOSS_GGUF_HOLD before any child starts
+from . import hold_points as _holds  # noqa: E402,F401 - takes MOSS_GGUF_HOLD before any child starts

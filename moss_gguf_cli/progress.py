@@ -53,4 +53,5 @@ class RecordingProgress:
 
 
 def ensure(progress: ProgressReporter | None) -> ProgressReporter:
+    """PROGRESS, or a reporter that listens to nothing when the caller gave none."""
     return progress if progress is not None else NullProgress()

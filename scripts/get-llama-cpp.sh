@@ -2,7 +2,7 @@
 # Obtain the pinned llama.cpp source tree and a `llama-quantize` built from it, without GitHub.
 #
 # The tree comes from the llama-cpp-python source distribution on PyPI (its vendor/llama.cpp),
-# at the version pinned in moss_gguf_cli/pins.py, so the binary and the libllama inside the
+# at the version pinned in moss_gguf_cli/native/pins.py, so the binary and the libllama inside the
 # installed llama-cpp-python are the same llama.cpp commit. When scripts/install.sh built that
 # llama-cpp-python here, its cmake build folder is still in the cache and llama-quantize is
 # linked against the libraries built there: two source files compiled, nothing else. Without
@@ -30,10 +30,10 @@ die() { log "error: $*"; exit 1; }
 PYTHON=${PYTHON:-python}
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 
-VER=$("$PYTHON" -m moss_gguf_cli.pins llama-cpp-python)
+VER=$("$PYTHON" -m moss_gguf_cli.native.pins llama-cpp-python)
 [[ "$VER" =~ ^[0-9A-Za-z.+-]+$ ]] || die "odd version string: $VER"
-ARGS=$("$PYTHON" -m moss_gguf_cli.cpu_features --cmake-args)
-KEY=$("$PYTHON" -m moss_gguf_cli.cpu_features --key)
+ARGS=$("$PYTHON" -m moss_gguf_cli.native.cpu_features --cmake-args)
+KEY=$("$PYTHON" -m moss_gguf_cli.native.cpu_features --key)
 
 CACHE=${MOSS_GGUF_CACHE:-$HOME/.cache/moss-gguf}
 TREE="$CACHE/llama.cpp-$VER"
@@ -164,7 +164,7 @@ if [[ -f "$WHEEL_BUILD/.moss-gguf-cmake-args" && -f "$WHEEL_BUILD/bin/libllama.s
     echo "linked against $WHEEL_BUILD/bin" >"$TREE/build/.moss-gguf-linked"
 else
     command -v cmake >/dev/null 2>&1 || die "cmake is required to build llama-quantize"
-    # The same CPU flags scripts/install.sh gives llama-cpp-python (moss_gguf_cli.cpu_features).
+    # The same CPU flags scripts/install.sh gives llama-cpp-python (moss_gguf_cli.native.cpu_features).
     read -r -a CPU_FLAGS <<<"$ARGS"
     CMAKE_FLAGS=(
         -DCMAKE_BUILD_TYPE=Release

@@ -6,7 +6,7 @@
 #         bash scripts/install.sh --test   # for the tests: pip install -e '.[test]' torch (CPU),
 #                                          # and llama-quantize from the same llama.cpp build
 #
-# The llama.cpp CPU flags come from /proc/cpuinfo (python -m moss_gguf_cli.cpu_features):
+# The llama.cpp CPU flags come from /proc/cpuinfo (python -m moss_gguf_cli.native.cpu_features):
 # every instruction set this CPU has, AMX never. The llama-cpp-python wheel and its cmake
 # build folder are cached under $MOSS_GGUF_CACHE (default ~/.cache/moss-gguf), keyed by the
 # pinned version and the flags, so a second install (or --test after a plain install)
@@ -32,9 +32,9 @@ case "${1:-}" in
     *) die "unknown option ${1} (use --test, or nothing)" ;;
 esac
 
-VER=$("$PYTHON" -m moss_gguf_cli.pins llama-cpp-python)
-ARGS=$("$PYTHON" -m moss_gguf_cli.cpu_features --cmake-args)
-KEY=$("$PYTHON" -m moss_gguf_cli.cpu_features --key)
+VER=$("$PYTHON" -m moss_gguf_cli.native.pins llama-cpp-python)
+ARGS=$("$PYTHON" -m moss_gguf_cli.native.cpu_features --cmake-args)
+KEY=$("$PYTHON" -m moss_gguf_cli.native.cpu_features --key)
 CACHE=${MOSS_GGUF_CACHE:-$HOME/.cache/moss-gguf}
 WHEELS="$CACHE/wheels/llama-cpp-python-$VER-$KEY"
 BUILD="$CACHE/build/llama-cpp-python-$VER-$KEY"

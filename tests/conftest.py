@@ -49,14 +49,14 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model(_isolated_cache: Path) -> Path:
-    from moss_gguf_cli.tiny import ensure_tiny
+    from moss_gguf_cli.source.tiny import ensure_tiny
 
     return ensure_tiny("tiny")
 
 
 @pytest.fixture(scope="session")
 def tiny_extracted(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from moss_gguf_cli.extract import extract
+    from moss_gguf_cli.pipeline.extract import extract
 
     out = tmp_path_factory.mktemp("extracted") / "tiny"
     extract(tiny_model, out, source_model="builtin:tiny")
@@ -66,7 +66,7 @@ def tiny_extracted(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -
 @pytest.fixture(scope="session")
 def tiny_f16_gguf(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """builtin:tiny's backbone as an f16 GGUF, by the native converter."""
-    from moss_gguf_cli.convert import convert
+    from moss_gguf_cli.pipeline.convert import convert
 
     out = tmp_path_factory.mktemp("gguf") / "backbone_f16.gguf"
     convert(tiny_model, out, outtype="f16")
@@ -87,7 +87,7 @@ def _default_sigint() -> None:
 
 
 class HeldRun:
-    """Starts a command that stops at a named hold point (moss_gguf_cli.holds), then returns.
+    """Starts a command that stops at a named hold point (moss_gguf_cli.hold_points), then returns.
 
     The process waits at the point until it is signalled, so a test that kills or interrupts
     it there does not depend on how fast the machine is.
@@ -98,7 +98,7 @@ class HeldRun:
         self._procs: list[subprocess.Popen] = []
 
     def __call__(self, cmd: list[str], point: str, **popen) -> subprocess.Popen:
-        from moss_gguf_cli.holds import ENV, POINTS
+        from moss_gguf_cli.hold_points import ENV, POINTS
 
         assert point in POINTS, point
         marker = self._dir / f"{len(self._procs)}-{point}"
@@ -154,7 +154,7 @@ TINY_SYNTH_YAML = {
 
 def tiny_gguf(extracted: Path, outtype: str) -> Path:
     """The tiny backbone as a GGUF, converted once per session beside the extraction."""
-    from moss_gguf_cli.convert import convert
+    from moss_gguf_cli.pipeline.convert import convert
 
     out = extracted.parent / f"tiny-backbone-{outtype}.gguf"
     if not out.is_file():
@@ -175,7 +175,7 @@ def tiny_weights(tiny_extracted: Path, tmp_path_factory: pytest.TempPathFactory)
     the session's extraction: what `synth` and `serve` speak with."""
     import shutil
 
-    from moss_gguf_cli.tiny_codec import ensure_tiny_codec
+    from moss_gguf_cli.source.tiny_codec import ensure_tiny_codec
 
     root = tmp_path_factory.mktemp("weights")
     (root / "backbone_f16.gguf").symlink_to(tiny_gguf(tiny_extracted, "f16"))

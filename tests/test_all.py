@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from moss_gguf_cli.pipeline import STEPS
+from moss_gguf_cli.pipeline.run import STEPS
 
 
 def run_all_cli(out: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -142,7 +142,7 @@ def test_a_work_folder_of_other_inputs_is_not_resumed(tmp_path: Path, held_run) 
 
 def test_all_fails_when_verify_cannot_run(finished, monkeypatch) -> None:
     """verify that cannot even be imported fails `all`; it is never marked done unrun."""
-    from moss_gguf_cli.pipeline import AllSettings, run_all
+    from moss_gguf_cli.pipeline.run import AllSettings, run_all
 
     out, _ = finished
     monkeypatch.setitem(sys.modules, "moss_gguf_cli.verify", None)  # import raises
@@ -152,7 +152,7 @@ def test_all_fails_when_verify_cannot_run(finished, monkeypatch) -> None:
 
 def test_unknown_engine_on_a_finished_folder_is_a_one_line_error(finished) -> None:
     from moss_gguf_cli.errors import UsageError
-    from moss_gguf_cli.pipeline import AllSettings, run_all
+    from moss_gguf_cli.pipeline.run import AllSettings, run_all
 
     out, _ = finished
     with pytest.raises(UsageError, match="unknown engine 'bogus'") as err:

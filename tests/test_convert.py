@@ -23,19 +23,19 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from moss_gguf_cli.checkpoint import open_checkpoint
 from moss_gguf_cli.cli.app import app
-from moss_gguf_cli.convert import (
+from moss_gguf_cli.errors import ToolError
+from moss_gguf_cli.gguf.write import OutType
+from moss_gguf_cli.pipeline.convert import (
+    Converter,
     ConverterLogParser,
-    Engine,
     build_convert_cmd,
     convert,
     converter_env,
     run_converter,
 )
-from moss_gguf_cli.errors import ToolError
-from moss_gguf_cli.gguf_write import OutType
 from moss_gguf_cli.progress import RecordingProgress
+from moss_gguf_cli.source.checkpoint import open_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 OUTTYPES = ["f16", "bf16", "f32", "q8_0"]
@@ -254,8 +254,8 @@ def test_tokenizer_metadata(native, tiny_model: Path) -> None:
 def test_special_token_ids_come_from_the_backbone_config(tmp_path: Path) -> None:
     """A MOSS source folder's config.json is the MOSS config: the ids written come from the
     backbone config given (through gguf-py's private SpecialVocab hook, see gguf_vocab)."""
-    from moss_gguf_cli.gguf_vocab import read_vocab
-    from moss_gguf_cli.tiny import tokenizer_source
+    from moss_gguf_cli.gguf.vocab import read_vocab
+    from moss_gguf_cli.source.tiny import tokenizer_source
 
     for f in tokenizer_source().iterdir():
         shutil.copy(f, tmp_path / f.name)
@@ -270,8 +270,8 @@ def test_special_token_ids_come_from_the_backbone_config(tmp_path: Path) -> None
 def test_gguf_without_the_special_vocab_hook_is_refused(change, monkeypatch) -> None:
     """A gguf release that renames or reshapes the private methods we override is refused,
     not used with the MOSS config's token ids."""
-    from moss_gguf_cli.gguf_vocab import read_vocab
-    from moss_gguf_cli.tiny import tokenizer_source
+    from moss_gguf_cli.gguf.vocab import read_vocab
+    from moss_gguf_cli.source.tiny import tokenizer_source
 
     if change == "missing":
         monkeypatch.delattr(gguf.SpecialVocab, "_try_load_from_config_json")
@@ -295,7 +295,8 @@ def test_plain_and_write_behind_writes_agree(tiny_extracted, native, tmp_path, m
     as through the write-behind sink that the tiny f16 GGUF (≈ 90 MB) gets."""
     import functools
 
-    from moss_gguf_cli import gguf_write, sinks
+    from moss_gguf_cli.disk import sinks
+    from moss_gguf_cli.gguf import write as gguf_write
 
     assert native["f16"].stat().st_size > sinks.DIRECT_MIN_BYTES
     monkeypatch.setattr(
@@ -328,7 +329,7 @@ def test_native_progress_by_bytes_and_tensor(tiny_extracted: Path, tmp_path: Pat
 
 @pytest.mark.parametrize(("outtype", "tolerance"), [("f32", 1e-4), ("f16", 1e-2)])
 def test_hidden_state_matches_reference(outtype, tolerance, native, tiny_model, quiet_llama):
-    from moss_gguf_cli.reference import forward, load_weights
+    from moss_gguf_cli.verify.reference import forward, load_weights
 
     embeds = summed_embeddings(tiny_model, 6)
     want = forward(load_weights(tiny_model), embeds)
@@ -339,7 +340,7 @@ def test_hidden_state_matches_reference(outtype, tolerance, native, tiny_model, 
 
 
 def test_reference_logits_use_lm_head(tiny_extracted: Path, tiny_model: Path) -> None:
-    from moss_gguf_cli.reference import forward, load_weights
+    from moss_gguf_cli.verify.reference import forward, load_weights
 
     embeds = summed_embeddings(tiny_model, 3)
     w = load_weights(tiny_extracted)
@@ -422,7 +423,7 @@ def test_bad_input(damage, message, code, tiny_extracted, tmp_path) -> None:
 
 
 def test_moss_lookalike_is_refused(tmp_path: Path) -> None:
-    from moss_gguf_cli.tiny import ensure_tiny
+    from moss_gguf_cli.source.tiny import ensure_tiny
 
     result = cli(str(ensure_tiny("tiny-local")), "--outfile", str(tmp_path / "x.gguf"))
     assert result.exit_code == 2
@@ -468,7 +469,7 @@ def test_unknown_choice(flag: str, value: str, tiny_extracted: Path, tmp_path: P
 
 def poke_bf16(folder: Path, tensor: str, value_bits: int) -> None:
     """Overwrite the first element of a bf16 tensor in the folder's model.safetensors."""
-    from moss_gguf_cli.safetensors_io import read_header
+    from moss_gguf_cli.source.safetensors_io import read_header
 
     path = folder / "model.safetensors"
     info = read_header(path).tensors[tensor]
@@ -537,7 +538,7 @@ def test_build_convert_cmd_and_env(tmp_path: Path) -> None:
     env = converter_env(tmp_path / "gguf-py", {"PYTHONPATH": "/x", "NO_LOCAL_GGUF": "1"})
     assert env["PYTHONPATH"] == f"{tmp_path / 'gguf-py'}{os.pathsep}/x"
     assert "NO_LOCAL_GGUF" not in env
-    assert Engine.parse("llama_cpp") is Engine.LLAMA_CPP
+    assert Converter.parse("llama_cpp") is Converter.LLAMA_CPP
 
 
 def test_converter_log_parser_reads_pieces_and_missing_modules() -> None:

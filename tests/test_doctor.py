@@ -125,7 +125,7 @@ def test_every_check_passes_here(roomy_disk: Path, no_llama_quantize: None) -> N
     assert set(report.probe.cosine) == {"Q8_0", "Q4_K_M"}
     assert report.probe.cosine["Q8_0"] > 0.99 and report.probe.cosine["Q4_K_M"] > 0.9
     gpu = by_name["llama.cpp GPU"]
-    nvidia = dr._nvidia_gpus()
+    nvidia = dr.nvidia_gpus()
     if not nvidia:  # no GPU: "CPU only" is a pass, not a failure
         assert gpu.status == dr.PASS and "CPU only" in gpu.detail
     else:  # a GPU the driver sees is named, used or not
@@ -205,7 +205,7 @@ def test_a_crashing_child_is_explained_with_the_portable_build(sig: int) -> None
     assert result.signal in result.detail
     assert "while decoding the Q4_K_M model" in result.detail
     assert result.fix.endswith(dr.PORTABLE_BUILD_FIX)
-    assert "moss_gguf_cli.cpu_features" in result.fix and "--force-reinstall" in result.fix
+    assert "moss_gguf_cli.native.cpu_features" in result.fix and "--force-reinstall" in result.fix
     assert result.cacheable  # a property of the build: no point running it again
 
 
@@ -229,7 +229,7 @@ def test_a_cached_crash_stops_all_before_anything_is_written(tmp_path, monkeypat
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "SIGSEGV" in lines[0]
-    assert "moss_gguf_cli.cpu_features" in lines[0] and "doctor --recheck" in lines[0]
+    assert "moss_gguf_cli.native.cpu_features" in lines[0] and "doctor --recheck" in lines[0]
     assert list(work.iterdir()) == []
     assert not (cache / "builtin").exists()  # stopped before even building the model
 
@@ -251,7 +251,7 @@ def test_a_cached_crash_stops_all_before_anything_is_written(tmp_path, monkeypat
 
 
 def test_disk_plan_is_all_s_own_plan(tiny_model: Path) -> None:
-    from moss_gguf_cli.pipeline import AllSettings, plan_bytes
+    from moss_gguf_cli.pipeline.run import AllSettings, plan_bytes
 
     tiny = {
         "hidden": 256,

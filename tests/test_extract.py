@@ -17,8 +17,8 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from moss_gguf_cli.cli.app import app
-from moss_gguf_cli.extract import extract
-from moss_gguf_cli.tiny import TinySpec, write_tiny
+from moss_gguf_cli.pipeline.extract import extract
+from moss_gguf_cli.source.tiny import TinySpec, write_tiny
 
 runner = CliRunner()
 
@@ -345,7 +345,7 @@ def test_debug_shows_the_traceback(tiny_model: Path, tmp_path: Path) -> None:
 
 def _checkpoint_with(tmp_path: Path, edit) -> Path:
     """A tiny checkpoint whose tensors we change before writing (values the cast must catch)."""
-    import moss_gguf_cli.tiny as tiny
+    import moss_gguf_cli.source.tiny as tiny
 
     model = tmp_path / "model"
     model.mkdir()

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import yaml
 
-from moss_gguf_cli.checkpoint import MossConfig, open_checkpoint
 from moss_gguf_cli.errors import UnsupportedModelError
-from moss_gguf_cli.tiny import ensure_tiny
+from moss_gguf_cli.source.checkpoint import MossConfig, open_checkpoint
+from moss_gguf_cli.source.tiny import ensure_tiny
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -30,8 +30,8 @@ from huggingface_hub._tree_cache import (
 )
 from huggingface_hub.file_download import _create_symlink, repo_folder_name
 
-from moss_gguf_cli.audio_tokenizer import DEFAULT_REPO
-from moss_gguf_cli.tiny_codec import write_tiny_codec
+from moss_gguf_cli.source.audio_tokenizer import DEFAULT_REPO
+from moss_gguf_cli.source.tiny_codec import write_tiny_codec
 
 GGUF_REPO = "OpenMOSS-Team/MOSS-TTS-GGUF"
 COMMIT = "89abcdef0123456789abcdef0123456789abcdef"

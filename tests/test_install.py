@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from moss_gguf_cli import cpu_features as cf
 from moss_gguf_cli import doctor as dr
-from moss_gguf_cli import pins
+from moss_gguf_cli.native import cpu_features as cf
+from moss_gguf_cli.native import pins
 from moss_gguf_cli.report import FAIL, PASS, WARN
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,7 +87,7 @@ def test_cpuinfo_without_flags():
 
 def test_module_prints_this_machines_cmake_args():
     done = subprocess.run(
-        [sys.executable, "-m", "moss_gguf_cli.cpu_features"], capture_output=True, text=True,
+        [sys.executable, "-m", "moss_gguf_cli.native.cpu_features"], capture_output=True, text=True,
         cwd=REPO, check=True,
     )  # fmt: skip
     expected = cf.choose_build_flags(cf.read_cpu_flags())
@@ -96,7 +96,7 @@ def test_module_prints_this_machines_cmake_args():
     else:
         assert done.stdout.strip() == ""
     bad = subprocess.run(
-        [sys.executable, "-m", "moss_gguf_cli.cpu_features", "--nope"], capture_output=True,
+        [sys.executable, "-m", "moss_gguf_cli.native.cpu_features", "--nope"], capture_output=True,
         text=True, cwd=REPO,
     )  # fmt: skip
     assert bad.returncode == 2 and "usage" in bad.stderr
@@ -131,7 +131,7 @@ def test_doctor_cpu_fit_row(system_info, flags, status, words):
     assert words in row.detail
     assert "llama.cpp uses SSE3" in row.detail
     if status != PASS:
-        assert "moss_gguf_cli.cpu_features" in row.fix
+        assert "moss_gguf_cli.native.cpu_features" in row.fix
 
 
 def test_installed_build_matches_this_cpu():
@@ -165,7 +165,7 @@ def test_installed_llama_cpp_python_is_the_pin():
 def test_scripts_take_the_version_from_the_pin():
     for script in ("install.sh", "get-llama-cpp.sh"):
         text = (REPO / "scripts" / script).read_text()
-        assert "moss_gguf_cli.pins llama-cpp-python" in text, script
+        assert "moss_gguf_cli.native.pins llama-cpp-python" in text, script
         assert "0.3." not in text, script  # no second copy of the version
     ci = (REPO / ".ci" / "run").read_text()
     readme = (REPO / "README.md").read_text()
@@ -173,7 +173,7 @@ def test_scripts_take_the_version_from_the_pin():
                     "bash scripts/install.sh --test && ruff check . && python -m pytest -q"):
         assert command in ci and command in readme, command
     done = subprocess.run(
-        [sys.executable, "-m", "moss_gguf_cli.pins", "llama-cpp-python"], capture_output=True,
-        text=True, cwd=REPO, check=True,
+        [sys.executable, "-m", "moss_gguf_cli.native.pins", "llama-cpp-python"],
+        capture_output=True, text=True, cwd=REPO, check=True,
     )  # fmt: skip
     assert done.stdout.strip() == pins.LLAMA_CPP_PYTHON

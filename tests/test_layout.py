@@ -12,8 +12,8 @@ import yaml
 from typer.testing import CliRunner
 
 from moss_gguf_cli.cli.app import app
-from moss_gguf_cli.layout import layout
-from moss_gguf_cli.tiny_codec import ensure_tiny_codec
+from moss_gguf_cli.pipeline.layout import layout
+from moss_gguf_cli.source.tiny_codec import ensure_tiny_codec
 
 runner = CliRunner()
 

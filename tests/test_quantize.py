@@ -23,12 +23,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from moss_gguf_cli import llama_cpp as lc
 from moss_gguf_cli.cli.app import app
 from moss_gguf_cli.errors import InputError, OutputError, ToolError, UsageError
-from moss_gguf_cli.pins import LLAMA_CPP_PYTHON
+from moss_gguf_cli.native import llama_tools as lc
+from moss_gguf_cli.native.pins import LLAMA_CPP_PYTHON
 from moss_gguf_cli.progress import RecordingProgress
-from moss_gguf_cli.quantize import (
+from moss_gguf_cli.quantize.llama import (
     file_types,
     inspect_gguf,
     load_imatrix,
@@ -60,7 +60,7 @@ def tiny_f16(tiny_extracted: Path, llama_tree: Path, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("f16") / "backbone_f16.gguf"
     backbone = tiny_extracted / "qwen3_backbone"
     try:
-        from moss_gguf_cli.convert import convert
+        from moss_gguf_cli.pipeline.convert import convert
     except ImportError:
         convert = None
     if convert is not None:
@@ -628,7 +628,7 @@ def test_plan_resolves_auto_and_names(small_f16: Path, llama_tree: Path, tmp_pat
 
 
 def lc_settings(tree: Path, engine: str):
-    from moss_gguf_cli.quantize import QuantizeSettings
+    from moss_gguf_cli.quantize.llama import QuantizeSettings
 
     return QuantizeSettings.from_dict({"engine": engine, "llama_cpp": str(tree)})
 

@@ -18,12 +18,12 @@ import gguf
 import numpy as np
 import pytest
 
-from moss_gguf_cli import llama_cpp as lc
-from moss_gguf_cli.convert import convert
 from moss_gguf_cli.errors import UsageError
-from moss_gguf_cli.quantize import QuantizeSettings, inspect_gguf, load_imatrix
-from moss_gguf_cli.quantize_direct import quantize_checkpoint
-from moss_gguf_cli.tiny import TinySpec, write_tiny
+from moss_gguf_cli.native import llama_tools as lc
+from moss_gguf_cli.pipeline.convert import convert
+from moss_gguf_cli.quantize.direct import quantize_checkpoint
+from moss_gguf_cli.quantize.llama import QuantizeSettings, inspect_gguf, load_imatrix
+from moss_gguf_cli.source.tiny import TinySpec, write_tiny
 
 TYPES = ["Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"]
 
@@ -137,11 +137,13 @@ def test_thread_count_does_not_change_a_byte(tiny_model, tmp_path):
 
 def test_the_digest_taken_while_writing_is_the_files(tiny_model, tmp_path):
     """layout's manifest reuses it instead of hashing the GGUF again: it must be exact."""
-    from moss_gguf_cli.digests import known_checked_gguf, known_sha256, sha256_file
+    from moss_gguf_cli.disk.digests import HashRecord, sha256_file
 
-    results = direct(tiny_model, tmp_path, ["Q4_K_M", "Q8_0"]).results
+    record = HashRecord()
+    results = direct(tiny_model, tmp_path, ["Q4_K_M", "Q8_0"], record=record).results
     for r in results:
-        assert known_sha256(r.output) == known_checked_gguf(r.output) == sha256_file(r.output)
+        digest = record.known_sha256(r.output)
+        assert digest == record.known_checked_gguf(r.output) == sha256_file(r.output)
 
 
 def test_verify_trusts_only_the_very_file_the_engine_checked(tiny_model, tmp_path):
@@ -149,11 +151,13 @@ def test_verify_trusts_only_the_very_file_the_engine_checked(tiny_model, tmp_pat
     not read the GGUF again; once the file changes it is another file, read and judged."""
     import time
 
+    from moss_gguf_cli.disk.digests import HashRecord
     from moss_gguf_cli.verify import read_gguf, verify
 
-    out = direct(tiny_model, tmp_path, ["Q4_K_M"]).results[0].output
+    record = HashRecord()  # `all`'s, handed from its quantize step to its verify step
+    out = direct(tiny_model, tmp_path, ["Q4_K_M"], record=record).results[0].output
     before = _rchar()
-    rows = {r.name: r for r in verify(out).rows}
+    rows = {r.name: r for r in verify(out, record=record).rows}
     assert rows["GGUF values"].status == "pass", rows["GGUF values"]
     assert _rchar() - before < out.stat().st_size / 4
     time.sleep(0.05)  # past the filesystem clock's tick: the write below gets a new mtime
@@ -163,7 +167,7 @@ def test_verify_trusts_only_the_very_file_the_engine_checked(tiny_model, tmp_pat
     with open(out, "r+b") as f:
         f.seek(g.abs_offset(t) + 7 * 144)  # the d scale of block 7
         f.write(np.float16(np.nan).tobytes())
-    failing = {r.name: r.detail for r in verify(out).rows if r.status == "fail"}
+    failing = {r.name: r.detail for r in verify(out, record=record).rows if r.status == "fail"}
     assert failing.get("GGUF values") == "blk.1.ffn_up.weight holds Inf/NaN", failing
 
 
@@ -173,7 +177,7 @@ def _rchar() -> int:
 
 
 def test_three_types_read_the_source_once(tiny_model, tmp_path):
-    from moss_gguf_cli.convert import open_backbone
+    from moss_gguf_cli.source.backbone import open_backbone
 
     source = sum(t.nbytes for t in open_backbone(tiny_model).tensors.values())
 
@@ -195,18 +199,18 @@ def test_three_types_read_the_source_once(tiny_model, tmp_path):
 def test_a_type_two_outputs_share_is_quantized_once(tiny_model, tmp_path, monkeypatch):
     """Q4_K_M's Q6_K tensors are the Q6_K file's bytes: one run making both quantizes them
     once (the byte-identity test above checks the shared bytes are right in both files)."""
-    from moss_gguf_cli import ggml_lib
+    from moss_gguf_cli.native import libggml
 
     counted: dict[int, int] = {}
     lock = threading.Lock()  # the pool's threads call it at once
-    real = ggml_lib.quantize_rows
+    real = libggml.quantize_rows
 
     def counting(type_id, src, dst, row0, row1, imatrix):
         with lock:
             counted[type_id] = counted.get(type_id, 0) + (row1 - row0) * src.shape[1]
         return real(type_id, src, dst, row0, row1, imatrix)
 
-    monkeypatch.setattr(ggml_lib, "quantize_rows", counting)
+    monkeypatch.setattr(libggml, "quantize_rows", counting)
     got = direct(tiny_model, tmp_path, ["Q4_K_M", "Q6_K"])
     q6k = int(gguf.GGMLQuantizationType.Q6_K)
     in_files = {
@@ -250,7 +254,7 @@ def test_every_bf16_value_widens_as_the_f16_intermediate_holds_it():
     bf16 → f16 → f32, for every finite bf16 pattern within float16's range."""
     import ml_dtypes
 
-    from moss_gguf_cli.quantize_direct import _QT, _widen_into
+    from moss_gguf_cli.quantize.direct import _QT, _widen_into
 
     bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     bits = bits[(bits & 0x7FFF) < 0x4780]  # the reader refuses the rest (inf in f16, NaN)

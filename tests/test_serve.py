@@ -26,7 +26,7 @@ import pytest
 import soundfile as sf
 from prometheus_client.parser import text_string_to_metric_families
 
-from moss_gguf_cli.holds import ENV as HOLD_ENV
+from moss_gguf_cli.hold_points import ENV as HOLD_ENV
 from moss_gguf_cli.serve.audio import change_speed
 from moss_gguf_cli.serve.settings import MAX_INPUT_CHARS, MAX_UPLOAD_BYTES
 from moss_gguf_cli.tts.codec import FRAME_SAMPLES, SAMPLE_RATE

@@ -10,9 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moss_gguf_cli.digests import _DIGESTS, _identity, sha256_cached
-from moss_gguf_cli.extract import extract
-from moss_gguf_cli.sinks import (
+from moss_gguf_cli.disk.digests import HashRecord, file_identity
+from moss_gguf_cli.disk.sinks import (
     DIRECT_BYTES,
     WRITE_BEHIND_BYTES,
     DirectSink,
@@ -21,6 +20,7 @@ from moss_gguf_cli.sinks import (
     appender,
     preallocate,
 )
+from moss_gguf_cli.pipeline.extract import extract
 
 HEADER = b"H" * 4099  # not a whole block: the direct sink must keep it intact
 
@@ -167,21 +167,22 @@ def test_write_behind_keeps_the_file_in_the_page_cache(tmp_path: Path) -> None:
 
 def test_extract_for_a_reader_hashes_tables_while_writing(tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "ex"
-    result = extract(tiny_model, out, backbone_weights=False, remember=True)
+    record = HashRecord()
+    result = extract(tiny_model, out, backbone_weights=False, record=record)
     assert len(result.npy_files) == 66
     for path in result.npy_files:
         expected = hashlib.sha256(path.read_bytes()).hexdigest()
-        assert _DIGESTS.get(_identity(path)) == expected, path
-        assert sha256_cached(path) == expected
+        assert record.digests.get(file_identity(path)) == expected, path
+        assert record.sha256(path) == expected
+    assert HashRecord().known_sha256(result.npy_files[0]) is None  # per run, not per process
 
 
 def test_a_remembered_digest_is_forgotten_once_the_file_changes(tmp_path: Path) -> None:
-    from moss_gguf_cli.digests import known_sha256, remember_sha256
-
+    record = HashRecord()
     path = tmp_path / "f.bin"
     path.write_bytes(b"abc")
-    remember_sha256(path, hashlib.sha256(b"abc").hexdigest())
-    assert known_sha256(path) == hashlib.sha256(b"abc").hexdigest()
+    record.remember_sha256(path, hashlib.sha256(b"abc").hexdigest())
+    assert record.known_sha256(path) == hashlib.sha256(b"abc").hexdigest()
     path.write_bytes(b"abcd")  # another size (and mtime): the memo no longer applies
-    assert known_sha256(path) is None
-    assert sha256_cached(path) == hashlib.sha256(b"abcd").hexdigest()
+    assert record.known_sha256(path) is None
+    assert record.sha256(path) == hashlib.sha256(b"abcd").hexdigest()

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from test_sinks import resident_pages
 
-from moss_gguf_cli.checkpoint import open_checkpoint
-from moss_gguf_cli.extract import npy_jobs
-from moss_gguf_cli.pipeline import AllSettings, run_all
-from moss_gguf_cli.source_pages import DROP_STEP, SourcePages
+from moss_gguf_cli.disk.page_cache import DROP_STEP, SourcePages
+from moss_gguf_cli.pipeline.run import AllSettings, run_all
+from moss_gguf_cli.source.checkpoint import open_checkpoint
+from moss_gguf_cli.source.tables import npy_jobs
 
 MB = 1 << 20
 

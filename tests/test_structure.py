@@ -1,5 +1,7 @@
-"""The package's shape: no import cycle between its modules (imports inside functions too),
-and no function or module too long to hold in one's head (docs/ARCHITECTURE.md, rules)."""
+"""The package's shape (docs/ARCHITECTURE.md §6, §8): no import cycle between its modules
+(imports inside functions too), no import of another module's `_private` name, no room
+importing a room above it, every room saying what it holds and may import, and no function or
+module too long to hold in one's head."""
 
 from __future__ import annotations
 
@@ -9,33 +11,54 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "moss_gguf_cli"
 
 
-def modules() -> dict[str, Path]:
+def modules(pkg: Path = PKG) -> dict[str, Path]:
     out = {}
-    for path in PKG.rglob("*.py"):
-        parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    for path in pkg.rglob("*.py"):
+        parts = list(path.relative_to(pkg.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
         out[".".join(parts)] = path
     return out
 
 
-def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The package modules NAME imports, anywhere in its file."""
+def import_edges(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, str]]:
+    """(module, name or "") for every import of a package module in NAME's file, anywhere in it:
+    `from M import x` gives (M, "x") unless M.x is a module itself (then (M.x, ""))."""
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-    found = set()
+    found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        targets: list[str] = []
         if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
+            found += [(a.name, "") for a in node.names if a.name in known]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 head = package[: len(package) - node.level + 1]
                 base = ".".join(head + ([node.module] if node.module else []))
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base
-                       for a in node.names]  # fmt: skip
-        found |= {t for t in targets if t in known and t != name}
-    return found
+            for a in node.names:
+                if f"{base}.{a.name}" in known:
+                    found.append((f"{base}.{a.name}", ""))
+                elif base in known:
+                    found.append((base, a.name))
+    return [(m, n) for m, n in found if m != name]
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The package modules NAME imports, anywhere in its file."""
+    return {module for module, _ in import_edges(name, path, known)}
+
+
+def private_imports(name: str, path: Path, known: dict[str, Path]) -> list[str]:
+    """NAME's imports of another module's `_private` name, or of a `_private` module outside
+    the package that holds it."""
+    bad = []
+    own = name.rsplit(".", 1)[0] if path.name != "__init__.py" else name
+    for module, imported in import_edges(name, path, known):
+        if imported.startswith("_") and not imported.startswith("__"):
+            bad.append(f"{module}.{imported}")
+        leaf = module.rsplit(".", 1)
+        if not imported and leaf[-1].startswith("_") and leaf[0] != own and leaf[-1] != "__main__":
+            bad.append(module)
+    return bad
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -68,7 +91,7 @@ def test_no_import_cycle():
 
 
 def test_only_the_cli_imports_the_server_and_it_imports_only_the_core_it_needs():
-    """serve/ sits on top: only cli/ may import it; it uses tts/, errors, progress, holds."""
+    """serve/ sits on top: only cli/ may import it; it uses tts/, errors, progress, hold_points."""
     known = modules()
     graph = {name: imports(name, path, known) for name, path in known.items()}
     serve = "moss_gguf_cli.serve"
@@ -77,9 +100,87 @@ def test_only_the_cli_imports_the_server_and_it_imports_only_the_core_it_needs()
     importers = {n for n, deps in graph.items() if deps & inside} - inside
     assert importers and all(n.startswith("moss_gguf_cli.cli.") for n in importers), importers
     allowed = ("moss_gguf_cli.tts", "moss_gguf_cli.errors", "moss_gguf_cli.progress",
-               "moss_gguf_cli.holds", serve)  # fmt: skip
+               "moss_gguf_cli.hold_points", serve)  # fmt: skip
     used = set().union(*(graph[n] for n in inside)) - inside
     assert all(any(u == a or u.startswith(f"{a}.") for a in allowed) for u in used), used
+
+
+def test_no_private_name_crosses_a_module():
+    known = modules()
+    found = {n: bad for n, p in known.items() if (bad := private_imports(n, p, known))}
+    assert not found, found
+
+
+# The rooms, bottom to top: a room imports only rooms on its own rank or below
+# (docs/ARCHITECTURE.md §6). The package's top-level modules are rank 0.
+RANKS = {
+    "disk": 1, "native": 1,
+    "tts": 2, "quantize": 2, "gguf": 2, "source": 2,
+    "verify": 3, "doctor": 3,
+    "pipeline": 4, "serve": 4,
+    "cli": 5, "__main__": 5,
+}  # fmt: skip
+
+
+def rank(module: str) -> int:
+    parts = module.split(".")
+    return RANKS.get(parts[1], 0) if len(parts) > 1 else 0
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{a} → {b}" for a, deps in graph.items() for b in deps if rank(b) > rank(a))
+
+
+def test_rooms_import_only_downward():
+    known = modules()
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    rooms = {n.split(".")[1] for n in known if n.count(".") >= 1 and known[n].name == "__init__.py"}
+    assert rooms <= set(RANKS), f"rank the new room(s) {rooms - set(RANKS)}"
+    assert upward_imports(graph) == []
+
+
+def test_every_room_says_what_it_holds_and_may_import():
+    silent = [
+        str(path.relative_to(PKG.parent))
+        for path in PKG.glob("*/__init__.py")
+        if "May import" not in (ast.get_docstring(ast.parse(path.read_text())) or "")
+    ]
+    assert silent == []
+    top = sorted(p.stem for p in PKG.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    assert len(top) <= 8, top
+
+
+def test_the_room_checks_find_planted_violations(tmp_path):
+    pkg = tmp_path / "moss_gguf_cli"
+    files = {
+        "__init__.py": "",
+        "errors.py": "from .disk.sinks import Sink\n",  # rank 0 importing rank 1
+        "disk/__init__.py": "",
+        "disk/sinks.py": "class Sink: ...\n_buffer = 1\n",
+        "gguf/__init__.py": "",
+        "gguf/write.py": "from ..disk.sinks import Sink, _buffer\n",  # a private name
+        "gguf/read.py": "def f():\n    from ..pipeline import run\n",  # upward, in a function
+        "pipeline/__init__.py": "",
+        "pipeline/run.py": "from ..cli import _output\n",  # upward, and a private module
+        "cli/__init__.py": "",
+        "cli/_output.py": "",
+        "cli/app.py": "from . import _output\n",  # its own package's private module: fine
+    }
+    for rel, text in files.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    known = modules(pkg)
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    assert upward_imports(graph) == [
+        "moss_gguf_cli.errors → moss_gguf_cli.disk.sinks",
+        "moss_gguf_cli.gguf.read → moss_gguf_cli.pipeline.run",
+        "moss_gguf_cli.pipeline.run → moss_gguf_cli.cli._output",
+    ]
+    private = {n: bad for n, p in known.items() if (bad := private_imports(n, p, known))}
+    assert private == {
+        "moss_gguf_cli.gguf.write": ["moss_gguf_cli.disk.sinks._buffer"],
+        "moss_gguf_cli.pipeline.run": ["moss_gguf_cli.cli._output"],
+    }
 
 
 def test_the_cycle_finder_finds_one():
@@ -128,3 +229,30 @@ def test_the_length_checks_find_long_code():
     assert long_functions("def f(\n" + "    a=1,\n" * 100 + "):\n    pass\n") == []
     assert too_long("x = 1\n" * (MAX_MODULE_LINES + 1))
     assert not too_long(f"{LONG_MODULE_MARK} one table\n" + "x = 1\n" * (MAX_MODULE_LINES + 1))
+
+
+def native_uses(tree: ast.AST) -> set[str]:
+    """What only native/libllama.py may do: import llama-cpp-python, set llama.cpp's
+    process-wide log callback, or reach into its private library handle."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "llama_cpp"
+                                                for a in node.names):  # fmt: skip
+            found.add("import llama_cpp")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("llama_cpp"):
+            found.add("import llama_cpp")
+        elif isinstance(node, ast.Attribute) and node.attr in ("llama_log_set", "_lib"):
+            found.add(node.attr)
+    return found
+
+
+def test_libllama_is_loaded_and_its_log_hooked_in_one_place():
+    found = {
+        name: uses
+        for name, path in modules().items()
+        if (uses := native_uses(ast.parse(path.read_text(encoding="utf-8"))))
+    }
+    assert found == {"moss_gguf_cli.native.libllama": {"import llama_cpp", "llama_log_set"}}
+    planted = "import ctypes\ndef f(llama_cpp):\n    llama_cpp.llama_log_set(None, None)\n"
+    assert native_uses(ast.parse(planted)) == {"llama_log_set"}
+    assert native_uses(ast.parse("from llama_cpp import _logger\n")) == {"import llama_cpp"}

@@ -35,10 +35,10 @@ def gguf_f16(tiny_extracted: Path) -> Path:
 
 
 class Qwen3Reference:
-    """The team's float64 torch forward (moss_gguf_cli.reference) over input embeddings."""
+    """The team's float64 torch forward (moss_gguf_cli.verify.reference) over input embeddings."""
 
     def __init__(self, source: Path):
-        from moss_gguf_cli import reference
+        from moss_gguf_cli.verify import reference
 
         self._reference = reference
         self._weights = reference.load_weights(source)

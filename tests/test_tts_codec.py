@@ -12,7 +12,7 @@ import pytest
 import soundfile as sf
 
 from moss_gguf_cli.errors import InputError
-from moss_gguf_cli.tiny_codec import ensure_tiny_codec, write_tiny_codec
+from moss_gguf_cli.source.tiny_codec import ensure_tiny_codec, write_tiny_codec
 from moss_gguf_cli.tts.codec import (
     FRAME_SAMPLES,
     AudioCodec,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from moss_gguf_cli.errors import InputError
-from moss_gguf_cli.tiny import tokenizer_source
+from moss_gguf_cli.source.tiny import tokenizer_source
 from moss_gguf_cli.tts.config import ModelInfo
 from moss_gguf_cli.tts.prompt import PromptFields, build_prompt, load_tokenizer
 

@@ -20,15 +20,15 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from moss_gguf_cli import tiny
 from moss_gguf_cli.cli.app import app
-from moss_gguf_cli.convert import convert
 from moss_gguf_cli.errors import InputError, UsageError
-from moss_gguf_cli.hub import NO_RECORD
-from moss_gguf_cli.layout import layout
+from moss_gguf_cli.pipeline.convert import convert
+from moss_gguf_cli.pipeline.layout import layout
 from moss_gguf_cli.progress import RecordingProgress
-from moss_gguf_cli.quantize import quantize
-from moss_gguf_cli.tiny_codec import ensure_tiny_codec
+from moss_gguf_cli.quantize.llama import quantize
+from moss_gguf_cli.source import tiny
+from moss_gguf_cli.source.hub import NO_RECORD
+from moss_gguf_cli.source.tiny_codec import ensure_tiny_codec
 from moss_gguf_cli.verify import (
     SCALE_OFFSETS,
     VerifyReport,
@@ -589,40 +589,41 @@ def _rows(report: VerifyReport) -> list[tuple[str, str, str]]:
 def test_tables_written_in_this_process_give_the_same_report_unread(
     tiny_model: Path, tmp_path: Path
 ) -> None:
-    # `all` extracts with remember=True; its verify then takes the writer's checks instead
-    # of reading the tables again. The report must be the one a fresh read gives.
-    from moss_gguf_cli import digests
-    from moss_gguf_cli.extract import extract
+    # `all` extracts with its run's hash record; its verify then takes the writer's checks
+    # instead of reading the tables again. The report must be the one a fresh read gives.
+    from moss_gguf_cli.disk import digests
+    from moss_gguf_cli.pipeline.extract import extract
 
     out = tmp_path / "ex"
-    result = extract(tiny_model, out, backbone_weights=False, remember=True)
+    record = digests.HashRecord()
+    result = extract(tiny_model, out, backbone_weights=False, record=record)
     for path in result.npy_files:
-        facts, digest = digests.known_table(path)
+        facts, digest = record.known_table(path)
         with open(path, "rb") as f:
             assert np.lib.format.read_magic(f) == (1, 0)
             shape, _, dtype = np.lib.format.read_array_header_1_0(f)
             assert (facts.shape, facts.dtype, facts.data_offset) == (shape, dtype.str, f.tell())
         assert digest == digests.sha256_file(path)
-    remembered = verify(out)
+    remembered = verify(out, record=record)
     assert remembered.ok, _failing(remembered)
-    digests._TABLES.clear()
-    digests._DIGESTS.clear()
-    assert _rows(verify(out)) == _rows(remembered)
+    assert _rows(verify(out)) == _rows(remembered)  # no record: every table read
 
 
 def test_a_table_changed_after_it_was_written_is_read_again(
     tiny_model: Path, tmp_path: Path
 ) -> None:
-    from moss_gguf_cli.extract import extract
+    from moss_gguf_cli.disk.digests import HashRecord
+    from moss_gguf_cli.pipeline.extract import extract
 
     out = tmp_path / "ex"
-    extract(tiny_model, out, backbone_weights=False, remember=True)
+    record = HashRecord()
+    extract(tiny_model, out, backbone_weights=False, record=record)
     table = np.lib.format.open_memmap(out / "embeddings" / "emb_ext_03.npy", mode="r+")
     table[7, 1] = np.nan
     table.flush()
     del table
     os.utime(out / "embeddings" / "emb_ext_03.npy")  # a new mtime, whatever the clock's grain
-    failing = _failing(verify(out))
+    failing = _failing(verify(out, record=record))
     assert "embeddings/emb_ext_03.npy: 1 Inf/NaN values (float16 overflow?), first in row 7" in (
         failing["table values"]
     )

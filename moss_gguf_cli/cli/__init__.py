@@ -1,1 +1,8 @@
-"""The command-line layer: the only code that imports typer or rich."""
+"""The command-line layer: the only code that imports typer or rich. One module per command
+(parse the options, call one core function, render its result), _command.py (the decorator
+every command is declared with), app.py (registers them), _errors.py (the one catch point),
+_output.py (console, progress bars), _options.py (shared options).
+
+May import: every room (pipeline/, verify/, doctor/, tts/, quantize/, gguf/, source/, disk/,
+native/, the top level); nothing imports cli/ but ``__main__``.
+"""

@@ -8,11 +8,12 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from ..audio_tokenizer import DEFAULT_REPO, parse_flag
+from ..disk.staging import human_bytes
 from ..errors import UsageError
-from ..pipeline import AllResult, AllSettings, run_all
-from ..recipes import Recipe, load_recipe
-from ..staging import human_bytes
+from ..pipeline.recipes import Recipe, load_recipe
+from ..pipeline.run import AllResult, AllSettings, run_all
+from ..quantize.engines import Engine
+from ..source.audio_tokenizer import DEFAULT_REPO, parse_flag
 from ._command import command
 from ._options import CacheDir, Force, LlamaCppDir, Quiet, Revision, Verbose
 from ._output import OutputMode, info, progress_for, setup_logging, stdout
@@ -112,7 +113,7 @@ def all_command(
         output=output,
         quants=quant or r.quant or ["Q4_K_M"],
         outtype=outtype or r.outtype or "auto",
-        engine=engine or r.engine or "auto",
+        engine=engine or r.engine or Engine.AUTO.value,
         synth=r.synth,
         llama_cpp=llama_cpp,
         imatrix=imatrix,

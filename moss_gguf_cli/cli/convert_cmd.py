@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from ..checkpoint import BUILTIN_PREFIX, resolve_model
-from ..convert import convert
-from ..staging import human_bytes
+from ..disk.staging import human_bytes
+from ..pipeline.convert import convert
+from ..source.checkpoint import BUILTIN_PREFIX, resolve_model
 from ._command import command
 from ._options import Force, LlamaCppDir, Quiet, Verbose
 from ._output import OutputMode, info, progress_for, setup_logging

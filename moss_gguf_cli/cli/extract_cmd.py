@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from ..checkpoint import resolve_model
-from ..extract import DEFAULT_MAX_SHARD, extract
-from ..staging import human_bytes
+from ..disk.staging import human_bytes
+from ..pipeline.extract import DEFAULT_MAX_SHARD, extract
+from ..source.checkpoint import resolve_model
 from ._command import command
 from ._options import CacheDir, Force, Model, Quiet, Revision, Verbose
 from ._output import OutputMode, info, progress_for, setup_logging

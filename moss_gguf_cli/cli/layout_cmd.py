@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 
-from ..audio_tokenizer import DEFAULT_REPO, parse_flag, resolve
+from ..disk.staging import human_bytes
 from ..errors import UsageError
-from ..layout import CONFIG_NAME, LayoutMode, add_audio_tokenizer, layout, read_meta
-from ..staging import human_bytes
+from ..pipeline.layout import CONFIG_NAME, LayoutMode, add_audio_tokenizer, layout, read_meta
+from ..source.audio_tokenizer import DEFAULT_REPO, parse_flag, resolve
 from ._command import command
 from ._options import Force, Quiet, Verbose
 from ._output import OutputMode, info, progress_for, setup_logging

@@ -9,10 +9,11 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from ..disk.staging import human_bytes
 from ..doctor import preflight, quantize_bytes
 from ..errors import UsageError
-from ..quantize import Engine, QuantizeSettings, parse_file_type, plan_quantize, quantize
-from ..staging import human_bytes
+from ..quantize.engines import Engine
+from ..quantize.llama import QuantizeSettings, parse_file_type, plan_quantize, quantize
 from ._command import command
 from ._options import Force, LlamaCppDir, Quiet, Verbose
 from ._output import OutputMode, info, progress_for, setup_logging, stderr
@@ -66,8 +67,8 @@ def quantize_command(
         typer.Option("--output-dir", "-o", help="Folder for outputs named after the type."),
     ] = None,
     engine: Annotated[
-        Engine, typer.Option(help="binary (llama-quantize), library (libllama) or auto.")
-    ] = Engine.AUTO,
+        str, typer.Option(help="binary (llama-quantize), library (libllama) or auto.")
+    ] = Engine.AUTO.value,
     llama_cpp: LlamaCppDir = None,
     imatrix: Annotated[
         Path | None, typer.Option(help="Importance matrix file (from llama-imatrix).")

@@ -37,7 +37,7 @@ then send 'Authorization: Bearer KEY', as OpenAI clients do. Ctrl+C (or SIGTERM)
     "serve",
     help="Serve the model behind a moss-tts.yaml over HTTP with OpenAI's speech API "
     "(/v1/audio/speech, /v1/audio/voices, /v1/models, /health, /metrics). Needs the serve "
-    "extra: pip install 'moss-gguf[serve]'.",
+    "extra: pip install 'moss-gguf\\[serve]'.",
     epilog=EXAMPLES,
 )
 def serve_command(

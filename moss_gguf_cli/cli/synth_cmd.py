@@ -11,6 +11,7 @@ from rich.table import Table
 
 from ..doctor import preflight
 from ..errors import InputError, UsageError
+from ..quantize.engines import Engine
 from ..tts import SynthConfig, SynthProfile, synth_to_wav
 from ._command import command
 from ._options import Quiet, Verbose
@@ -131,7 +132,7 @@ def synth_command(
         output=output,
         needed_bytes=None,
         llama_cpp=None,
-        engine="auto",
+        engine=Engine.AUTO,
     )
     with progress_for(mode) as bar:
         result = synth_to_wav(

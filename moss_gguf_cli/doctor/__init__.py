@@ -9,6 +9,9 @@ installed is environment.py; the rows that join the two are engines.py; disk pla
 pre-flight are preflight.py.
 
 Core code: nothing here prints; the CLI renders :class:`DoctorReport`.
+
+May import: tts/, quantize/, gguf/, source/, disk/, native/ and the top level (errors,
+progress, report, hold_points); verify/ is its own tier; never pipeline/ or cli/.
 """
 
 from __future__ import annotations
@@ -34,12 +37,11 @@ from .engines import (
 )
 from .environment import (
     PACKAGES,
-    _nvidia_gpus,
     cpu_fit_row,
     dist_version,
     gpu_rows,
     hub_rows,
-    libllama_path,
+    nvidia_gpus,
     onnxruntime_row,
     package_row,
     python_row,
@@ -74,8 +76,8 @@ from .runtime import (
 __all__ = [
     "FAIL", "GROUPS", "PASS", "PORTABLE_BUILD_FIX", "REAL_MODEL", "RECHECK_HINT",
     "TREE_PORTABLE_FIX", "WARN", "DiskPlan", "DoctorReport", "DoctorRow", "ProbeResult",
-    "_nvidia_gpus", "build_probe_cmd", "cpu_fit_row", "disk_check", "doctor",
-    "interpret_probe", "libllama_path", "model_plan", "preflight", "probe_cache_path",
+    "nvidia_gpus", "build_probe_cmd", "cpu_fit_row", "disk_check", "doctor",
+    "interpret_probe", "model_plan", "preflight", "probe_cache_path",
     "probe_child_main", "probe_key", "quantize_bytes", "read_cached_probe", "real_model_plan",
     "resolve_engine", "run_probe", "runtime_probe", "write_probe_gguf",
 ]  # fmt: skip

@@ -6,10 +6,12 @@ import logging
 import os
 from pathlib import Path
 
-from .. import llama_cpp as lc
 from ..errors import MossGgufError, ToolError
+from ..native import libllama
+from ..native import llama_tools as lc
+from ..quantize.engines import Engine
 from ..report import FAIL, PASS, WARN, CheckRow
-from .environment import cpu_fit_row, cpu_info, dist_version, error_row, libllama_path
+from .environment import cpu_fit_row, cpu_info, dist_version, error_row
 from .runtime import PORTABLE_BUILD_FIX, ProbeResult, signal_name, write_probe_gguf
 
 log = logging.getLogger(__name__)
@@ -17,17 +19,16 @@ log = logging.getLogger(__name__)
 
 TREE_PORTABLE_FIX = (
     "rebuild it with this CPU's flags: bash scripts/get-llama-cpp.sh "
-    "(cmake with `python -m moss_gguf_cli.cpu_features`)"
+    "(cmake with `python -m moss_gguf_cli.native.cpu_features`)"
 )
 
 
-def resolve_engine(engine: str, llama_cpp: Path | None) -> tuple[str, Path | None]:
+def resolve_engine(engine: Engine | str, llama_cpp: Path | None) -> tuple[str, Path | None]:
     """Which engine `quantize --engine ENGINE` would use, and its binary: quantize's own rules."""
-    from ..quantize import parse_engine
-    from ..quantize import resolve_engine as resolve
+    from ..quantize.engines import choose_engine
 
-    resolved, exe = resolve(parse_engine(engine), llama_cpp)
-    return resolved.value, exe
+    choice = choose_engine(engine, llama_cpp, checkpoint=False)
+    return choice.engine.value, choice.binary
 
 
 def binary_row(llama_cpp: Path | None, workdir: Path) -> CheckRow:
@@ -95,7 +96,7 @@ def library_row(probe: ProbeResult, safe_import: bool) -> CheckRow:
         status = WARN if probe.status == WARN else FAIL  # WARN: the machine, not llama.cpp
         detail = f"llama_model_quantize not checked: {probe.detail}"
         return CheckRow("engines", "libllama", status, detail, probe.fix)
-    lib = libllama_path()
+    lib = libllama.library_path()
     build = lc.library_version() if safe_import else None
     shown = build.describe() if build else f"llama-cpp-python {version}"
     return CheckRow("engines", "libllama", PASS, f"llama_model_quantize in {shown} ({lib})")
@@ -115,7 +116,7 @@ def auto_row(llama_cpp: Path | None, safe_import: bool) -> CheckRow:
             f"reinstall a portable build: {PORTABLE_BUILD_FIX}",
         )
     try:
-        engine, exe = resolve_engine("auto", llama_cpp)
+        engine, exe = resolve_engine(Engine.AUTO, llama_cpp)
     except MossGgufError as exc:
         return error_row("engines", "auto engine", exc)
     what = f"binary ({exe})" if exe else "library (llama-cpp-python's libllama, in-process)"
@@ -130,8 +131,7 @@ def cpu_row(probe: ProbeResult, safe_import: bool) -> CheckRow:
         detail += f", reports {'/'.join(amx)}"
     system_info = None
     if safe_import and dist_version("llama_cpp_python") is not None:
-        import llama_cpp
-
+        llama_cpp = libllama.bindings()
         system_info = llama_cpp.llama_print_system_info().decode("utf-8", "replace")
     if amx and probe.crashed:
         return CheckRow("runtime", "CPU", FAIL, detail, probe.fix)

@@ -15,10 +15,11 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from ..cpu_features import REINSTALL_HINT, build_fit
+from ..disk.staging import human_bytes
 from ..errors import MossGgufError
+from ..native import libllama
+from ..native.cpu_features import REINSTALL_HINT, build_fit
 from ..report import FAIL, PASS, WARN, CheckRow
-from ..staging import human_bytes
 
 REAL_MODEL_REPO = "OpenMOSS-Team/MOSS-TTS"
 
@@ -154,25 +155,6 @@ def torch_row() -> CheckRow:
     return CheckRow("versions", "torch", PASS, f"{version} (optional, for `verify --deep`)")
 
 
-def libllama_path() -> Path | None:
-    """The libllama that `import llama_cpp` loads, found without importing (loading) it."""
-    spec = importlib.util.find_spec("llama_cpp")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    override = os.environ.get("LLAMA_CPP_LIB_PATH")
-    base = Path(override) if override else Path(next(iter(spec.submodule_search_locations))) / "lib"
-    if sys.platform == "darwin":
-        names = ("libllama.so", "libllama.dylib")
-    elif sys.platform == "win32":
-        names = ("llama.dll", "libllama.dll")
-    else:
-        names = ("libllama.so",)
-    for name in names:
-        if (base / name).is_file():
-            return (base / name).resolve()
-    return None
-
-
 def cpu_info() -> dict[str, Any]:
     """Model name and flags of the first CPU (Linux), else what platform knows."""
     info: dict[str, Any] = {"model": platform.processor() or platform.machine(), "flags": []}
@@ -195,7 +177,7 @@ def cpu_info() -> dict[str, Any]:
     return info
 
 
-def _cpu_id(cpu: dict[str, Any]) -> str:
+def cpu_id(cpu: dict[str, Any]) -> str:
     """Which CPU a probe result belongs to (a shared home folder may serve several machines)."""
     text = "|".join([platform.machine(), cpu["model"], " ".join(sorted(cpu["flags"]))])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -227,11 +209,13 @@ def cpu_fit_row(detail: str, system_info: str, flags: list[str]) -> CheckRow:
     return CheckRow("runtime", "CPU", PASS, f"{detail}; matches this CPU")
 
 
-def _ggml_devices(llama_cpp: Any) -> list[dict[str, Any]]:
+def _ggml_devices() -> list[dict[str, Any]]:
     """ggml's backend devices (name, description, type, memory) through libllama's handle."""
     import ctypes
 
-    lib = llama_cpp.llama_cpp._lib
+    lib = libllama.handle()
+    if lib is None:
+        return []
     try:
         count = lib.ggml_backend_dev_count
         get = lib.ggml_backend_dev_get
@@ -266,7 +250,7 @@ def _ggml_devices(llama_cpp: Any) -> list[dict[str, Any]]:
     return devices
 
 
-def _nvidia_gpus() -> list[str]:
+def nvidia_gpus() -> list[str]:
     """NVIDIA GPUs the driver reports (Linux), without needing any CUDA library."""
     names = []
     for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
@@ -280,7 +264,7 @@ def _nvidia_gpus() -> list[str]:
 
 
 def gpu_rows(safe_import: bool, providers: list[str] | None) -> list[CheckRow]:
-    nvidia = _nvidia_gpus()
+    nvidia = nvidia_gpus()
     seen = f"; the driver reports {', '.join(nvidia)}" if nvidia else ""
     rows = []
     if not safe_import or dist_version("llama_cpp_python") is None:
@@ -288,11 +272,10 @@ def gpu_rows(safe_import: bool, providers: list[str] | None) -> list[CheckRow]:
             CheckRow("gpu", "llama.cpp GPU", WARN, "not checked: llama-cpp-python unusable")
         )
     else:
-        import llama_cpp
-
+        llama_cpp = libllama.bindings()
         llama_cpp.llama_backend_init()
         offload = bool(llama_cpp.llama_supports_gpu_offload())
-        devices = _ggml_devices(llama_cpp)
+        devices = _ggml_devices()
         gpus = [d for d in devices if d["type"] in ("GPU", "iGPU")]
         listed = "; ".join(
             f"{d['name']} {d['description']} ({human_bytes(d['total'])})" for d in gpus

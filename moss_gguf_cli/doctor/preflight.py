@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import llama_cpp as lc
+from ..disk.staging import human_bytes
 from ..errors import OutputError, ToolError
+from ..native import llama_tools as lc
+from ..quantize.engines import Engine, checked_as
 from ..report import FAIL, PASS, WARN, CheckRow
-from ..staging import human_bytes
 from .engines import resolve_engine
 from .environment import REAL_MODEL_REPO, model_cached
 from .runtime import RECHECK_HINT, runtime_probe
@@ -68,7 +69,7 @@ def model_plan(
 ) -> DiskPlan:
     """Bytes of each part `all` writes for a MOSS model of these dims (see REAL_MODEL);
     direct: quantized straight from the checkpoint, with no f16 GGUF between."""
-    from ..quantize import APPROX_BPW  # the bits per weight `all` plans its own disk with
+    from ..quantize.llama import APPROX_BPW  # the bits per weight `all` plans its own disk with
 
     h, f, d = dims["hidden"], dims["intermediate"], dims["head_dim"]
     q, kv = dims["heads"] * d, dims["kv_heads"] * d
@@ -91,9 +92,9 @@ def real_model_plan(
     """What `all --model OpenMOSS-Team/MOSS-TTS` needs, from the dims of docs/ARCHITECTURE.md §1;
     direct None: with the engine `all` would pick here (direct where it runs)."""
     if direct is None:
-        from ..quantize_direct import available
+        from ..quantize.engines import direct_unavailable
 
-        direct = available() is None
+        direct = direct_unavailable() is None
     return model_plan(REAL_MODEL, quants, direct)
 
 
@@ -175,13 +176,15 @@ def preflight(
     output: Path | None,
     needed_bytes: int | None,
     llama_cpp: Path | None,
-    engine: str,
+    engine: Engine | str,
     needs_runtime: bool = False,
+    from_checkpoint: bool = False,
 ) -> None:
     """The doctor's fast checks before long work; raises with the doctor's one-line fix.
 
     - needs_quantize: a quantize engine must exist (quantize's own resolution: ENGINE,
       --llama-cpp, $LLAMA_CPP_DIR, PATH); when it is libllama, the runtime probe must pass.
+      from_checkpoint: ENGINE is `all`'s (the direct engine is checked as libllama).
     - needs_runtime: libllama must run here (synth; `all`, whose output is for synth).
     - output + needed_bytes: the disk of output's folder (where `all` also keeps its work
       folder) must hold needed_bytes; checked when both are given.
@@ -189,12 +192,9 @@ def preflight(
     The probe runs once per installed llama.cpp build (cached); a passing build costs a
     file read. Nothing is written besides that cache.
     """
-    from ..quantize import Engine
-    from ..quantize import parse_engine as _parse_engine
-
+    eng = checked_as(engine, checkpoint=from_checkpoint)
     probe_needed = needs_runtime
     if needs_quantize:
-        eng = _parse_engine(engine)
         if eng is not Engine.BINARY:
             # find the binary without importing llama_cpp: the import itself may crash
             tree = lc.find_llama_cpp(llama_cpp)
@@ -213,7 +213,7 @@ def preflight(
         if probe.status == WARN:
             log.warning("%s (%s)", probe.detail, probe.fix)
     if needs_quantize:
-        resolve_engine(engine, llama_cpp)
+        resolve_engine(eng.value, llama_cpp)
     if output is not None and needed_bytes:
         row = disk_check(Path(output).parent, int(needed_bytes), "this run")
         if row.status == FAIL:
@@ -222,7 +222,7 @@ def preflight(
 
 def quantize_bytes(n_elements: int, file_types: list[str]) -> int:
     """Rough output bytes of quantizing n_elements weights to each type (for pre-flight)."""
-    from ..quantize import APPROX_BPW
+    from ..quantize.llama import APPROX_BPW
 
     margin = 16 << 20  # header and vocabulary: ~7 MB for the real 155k-token one
     return int(sum(n_elements * APPROX_BPW.get(t.upper(), 16) / 8 for t in file_types)) + margin

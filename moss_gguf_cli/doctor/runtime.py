@@ -25,11 +25,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .. import llama_cpp as lc
-from ..cpu_features import REINSTALL_HINT
 from ..errors import MossGgufError
+from ..native import libllama
+from ..native import llama_tools as lc
+from ..native.cpu_features import REINSTALL_HINT
 from ..report import FAIL, PASS, WARN
-from .environment import _cpu_id, cpu_info, dist_version, libllama_path, one_line
+from .environment import cpu_id, cpu_info, dist_version, one_line
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ class ProbeResult:
 
 def probe_key() -> dict[str, Any] | None:
     """What identifies the installed llama.cpp build; None when llama-cpp-python is absent."""
-    lib = libllama_path()
+    lib = libllama.library_path()
     if lib is None:
         return None
     st = lib.stat()
@@ -110,13 +111,13 @@ def probe_key() -> dict[str, Any] | None:
         "libllama": str(lib),
         "size": st.st_size,
         "mtime_ns": st.st_mtime_ns,
-        "cpu": _cpu_id(cpu_info()),
+        "cpu": cpu_id(cpu_info()),
     }
 
 
 def probe_cache_path(key: dict[str, Any]) -> Path:
     """Where the probe result of this build is kept, under the moss-gguf cache."""
-    from ..tiny import cache_root
+    from ..source.tiny import cache_root
 
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     return cache_root() / "doctor" / f"llama-runtime-{digest}.json"
@@ -510,12 +511,12 @@ def probe_child_main(workdir: str | Path) -> int:
         current = "importing llama_cpp"
         stage(current)
         try:
-            import llama_cpp
-
+            llama_cpp = libllama.bindings()
             llama_cpp.llama_backend_init()
         except Exception as exc:  # noqa: BLE001 - a broken install raises anything
             return finish({"ok": False, "kind": "missing", "error": one_line(exc)}, 5)
-        from ..quantize import quantize
+        from ..quantize.engines import Engine
+        from ..quantize.llama import quantize
 
         current = "writing the f16 probe GGUF"
         stage(current)
@@ -531,7 +532,7 @@ def probe_child_main(workdir: str | Path) -> int:
             stage(current)
             out = workdir / f"probe_{qtype.lower()}.gguf"
             try:
-                quantize(f16, out, qtype, engine="library", threads=2)
+                quantize(f16, out, qtype, engine=Engine.LIBRARY, threads=2)
             except MossGgufError as exc:
                 raise _LlamaFailure(exc.message) from exc
             current = f"decoding the {qtype} model"

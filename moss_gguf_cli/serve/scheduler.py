@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import MossGgufError, is_debug
-from ..holds import hold
+from ..hold_points import hold
 from ..progress import NullProgress
 from ..tts import Synthesizer, SynthProfile, SynthResult
 from .api_errors import ApiError, QueueFull, ShuttingDown

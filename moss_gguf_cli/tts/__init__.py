@@ -4,6 +4,13 @@ from moss_gguf_cli.tts import Synthesizer, SynthConfig
 
 with Synthesizer(SynthConfig.from_yaml("weights-demo/moss-tts.yaml")) as tts:
     waveform = tts.generate("Hello", seed=1)
+
+Holds: config (the synth YAML; defaults in defaults.py), prompt, delay (the delay pattern's
+state machine), sampling, embeddings, heads, backbone (llama.cpp), codec (the ONNX audio
+tokenizer), normalize, synthesizer (the loop).
+
+May import: source/, quantize/, gguf/ (its own tier), disk/, native/ and the top level
+(errors, progress, report, hold_points); never verify/, doctor/, pipeline/ or cli/.
 """
 
 from .config import ModelInfo, SynthConfig

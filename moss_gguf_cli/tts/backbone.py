@@ -24,7 +24,6 @@ llama.cpp's log lines go to this module's logger at DEBUG level (shown with
 from __future__ import annotations
 
 import collections
-import ctypes
 import logging
 import os
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from ..errors import InputError, ToolError, UsageError
+from ..native import libllama
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ FLASH_ATTN_TYPES = {"auto": -1, "disabled": 0, "enabled": 1}
 
 def _llama():
     try:
-        import llama_cpp
+        llama_cpp = libllama.bindings()
     except Exception as exc:  # noqa: BLE001 - a broken install raises anything
         raise ToolError(
             f"llama-cpp-python does not import: {exc}",
@@ -60,19 +60,17 @@ def _llama():
 
 _recent_errors: collections.deque[str] = collections.deque(maxlen=8)
 _pending: list[str] = []
-_callback = None  # kept referenced: llama.cpp holds the raw function pointer
+_routed: list[object] = []  # the hook native.libllama installed for us, once
 
 
 def _route_logs() -> None:
     """llama.cpp's log to our logger (DEBUG), instead of its default stderr chatter."""
-    global _callback
-    if _callback is not None:
+    if _routed:
         return
-    llama_cpp = _llama()
+    _llama()
     llama_log = logging.getLogger(__name__ + ".llama")
 
-    @llama_cpp.llama_log_callback
-    def callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    def on_log(level: int, text: bytes) -> None:
         piece = text.decode("utf-8", errors="replace") if text else ""
         _pending.append(piece)
         if not piece.endswith("\n"):
@@ -84,8 +82,7 @@ def _route_logs() -> None:
         if line:
             llama_log.debug("%s", line)
 
-    _callback = callback
-    llama_cpp.llama_log_set(_callback, ctypes.c_void_p(0))
+    _routed.append(libllama.route_log(on_log))
 
 
 def _last_error() -> str:

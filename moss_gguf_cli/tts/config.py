@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, UnsupportedModelError, UsageError
-from ..synth_defaults import SYNTH_DEFAULTS as D
-from ..token_ids import TOKEN_DEFAULTS
+from ..source.token_ids import TOKEN_DEFAULTS
+from .defaults import SYNTH_DEFAULTS as D
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class SynthConfig:
     audio_decoder_onnx: Path | None = None
     audio_encoder_onnx: Path | None = None
     model_config: Path | None = None  # extraction_meta.json or the MOSS config.json
-    # defaults: synth_defaults.SYNTH_DEFAULTS, the values layout writes (upstream's)
+    # defaults: tts.defaults.SYNTH_DEFAULTS, the values layout writes (upstream's)
     audio_backend: str = D["audio_backend"]
     heads_backend: str = D["heads_backend"]
     n_ctx: int = D["n_ctx"]
@@ -346,7 +346,7 @@ class ModelInfo:
 
     @classmethod
     def from_moss_config(cls, config: dict[str, Any], source: Path | None = None) -> ModelInfo:
-        from ..checkpoint import variant_name
+        from ..source.checkpoint import variant_name
 
         def number(key: str, default: int) -> int:
             value = config.get(key, default)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import ggml_lib
 from ..errors import InputError
+from ..native import libggml
 from .embeddings import open_table
 
 log = logging.getLogger(__name__)
@@ -130,14 +130,14 @@ class AudioHeads:
 # ---------------------------------------------------------------- ggml via ctypes
 
 
-_GgmlUnavailable = ggml_lib.GgmlUnavailable
-_InitParams = ggml_lib.InitParams
+_GgmlUnavailable = libggml.GgmlUnavailable
+_InitParams = libggml.InitParams
 _GGML_TYPE_F32 = 0
 _GGML_TYPE_F16 = 1
 
 
 def _load_ggml():
-    g = ggml_lib.load()
+    g = libggml.load()
     return g.base, g.cpu
 
 

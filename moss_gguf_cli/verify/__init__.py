@@ -3,7 +3,7 @@
 TARGET is a weights folder (made by `layout`/`all`), a synth config YAML (its paths are
 checked, relative to the YAML's folder), an `extract` output folder, or a single GGUF
 (target.py). Model facts (n_vq, sizes, token ids) come from ``extraction_meta.json``'s
-``moss_config`` or from ``--source`` (facts.py).
+``moss_config`` or from ``--source`` (model_facts.py).
 
 A failing check is a row with status "fail", never an exception; exceptions are kept for
 bad usage (a TARGET that does not exist or is not one of the four kinds, an unreadable
@@ -13,7 +13,11 @@ The checks, by family, each a module: structure.py (the files, their names and s
 manifest), values.py (one read of every file: hashes, Inf/NaN, equality with the source),
 metadata.py (the GGUF header), tokenizer.py, source.py (tables against the GGUF, everything
 against the source), deep.py (--deep: llama.cpp against a torch reference); quality.py holds
-the limits, tensors.py the tensor reads and measures; context.py the state they share.
+the limits, tensors.py the tensor reads and measures; context.py the state they share;
+reference.py the torch forward --deep compares llama.cpp with.
+
+May import: tts/, quantize/, gguf/, source/, disk/, native/ and the top level (errors,
+progress, report, hold_points); doctor/ is its own tier; never pipeline/ or cli/.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ import logging
 import time
 from pathlib import Path
 
+from ..disk.digests import HashRecord
 from ..errors import UsageError
-from ..gguf_read import GgufFile, GgufFormatError, GgufTensorInfo, file_type_name, read_gguf
+from ..gguf.read import GgufFile, GgufFormatError, GgufTensorInfo, file_type_name, read_gguf
 from ..progress import ProgressReporter, ensure
 from ..report import FAIL, PASS, WARN, CheckRow
 from .context import Context
@@ -35,8 +40,8 @@ from .deep import (
     llama_hidden,
     reference_hidden,
 )
-from .facts import Facts, facts_from_config
 from .metadata import gguf_checks, parse_ggufs
+from .model_facts import Facts, facts_from_config
 from .quality import (
     DEEP_THRESHOLDS,
     TENSOR_MAX_REL_RMSE,
@@ -86,12 +91,14 @@ def verify(
     source: str | None = None,
     deep: bool = False,
     progress: ProgressReporter | None = None,
+    record: HashRecord | None = None,
 ) -> VerifyReport:
     """Check TARGET (weights folder, synth YAML, extract folder or GGUF); one row per check.
 
     ``source`` (a local folder, Hub id or builtin:tiny) adds the exact and numeric
     comparisons with the source checkpoint; ``deep`` runs the backbone in llama.cpp
-    against a torch reference forward of the source. Failing checks are rows
+    against a torch reference forward of the source; ``record`` is the run's hash record
+    (`all`'s: files its writers hashed and checked are not read again). Failing checks are rows
     (``report.ok`` is False); bad usage raises UsageError / InputError.
     """
     started = time.perf_counter()
@@ -106,7 +113,7 @@ def verify(
             path=t.path,
             hint="verify the weights folder or the GGUF",
         )
-    ctx = Context(t, source, deep, ensure(progress))
+    ctx = Context(t, source, deep, ensure(progress), record=record)
     _run(ctx)
     return VerifyReport(
         target=t.path,

@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import MossCheckpoint
-from ..gguf_read import GgufFile
+from ..disk.digests import HashRecord
+from ..gguf.read import GgufFile
 from ..progress import ProgressReporter
 from ..report import Rows
-from .facts import Facts
+from ..source.checkpoint import MossCheckpoint
+from .model_facts import Facts
 from .quality import QualitySummary
 from .result import DeepResult
 from .target import Target
@@ -39,7 +40,8 @@ class Context:
     gguf_scans: dict[Path, Any] = field(default_factory=dict)  # path -> values.FileResult
     gguf_special: dict[int, str] = field(default_factory=dict)  # GGUF token strings, special ids
     manifest_problems: list[str] = field(default_factory=list)
-    backbone: Any = None  # convert.Backbone of an extract folder
+    backbone: Any = None  # source.backbone.Backbone of an extract folder
+    record: HashRecord | None = None  # the run's (`all`): files its writers hashed and checked
 
     def names(self, gguf: Path, check: str) -> str:
         """A row's name: CHECK, or CHECK (file) when the target holds several GGUFs."""

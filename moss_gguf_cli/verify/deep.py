@@ -6,10 +6,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoint import MossConfig
 from ..errors import UsageError
-from ..gguf_read import file_type_name
+from ..gguf.read import file_type_name
 from ..report import FAIL, PASS
+from ..source.checkpoint import MossConfig
 from .context import WORKERS, Context
 from .quality import DEEP_THRESHOLDS, deep_class
 from .result import DeepResult
@@ -131,14 +131,14 @@ class _StreamingWeights:
     def __getitem__(self, name: str):
         import torch
 
-        from ..reference import read_source_f32
+        from .reference import read_source_f32
 
         return torch.from_numpy(read_source_f32(self.sources[name])).to(self.dtype)
 
 
 def reference_hidden(source_root: Path, embeds: np.ndarray) -> np.ndarray:
     """Final-norm hidden states of the source backbone for EMBEDS (torch, float64)."""
-    from ..reference import forward, load_weights
+    from .reference import forward, load_weights
 
     return forward(_StreamingWeights(load_weights(source_root)), embeds)
 

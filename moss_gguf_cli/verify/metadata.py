@@ -8,9 +8,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ..gguf_read import GgufArray, GgufFile, GgufFormatError, file_type_name, read_gguf
+from ..gguf.read import GgufArray, GgufFile, GgufFormatError, file_type_name, read_gguf
 from ..report import FAIL, PASS, WARN
-from ..token_ids import TOKEN_DEFAULTS
+from ..source.token_ids import TOKEN_DEFAULTS
 from .context import Context
 from .quality import bpw_range, file_type_base
 from .tensors import expected_gguf_tensors
@@ -91,7 +91,7 @@ def _gguf_values_row(ctx: Context, path: Path, g: GgufFile, name) -> None:
 
 def _gguf_params(ctx: Context, g: GgufFile):
     """The hyperparameters to hold the GGUF to: the model facts, else its own keys."""
-    from ..gguf_write import Qwen3Params
+    from ..gguf.write import Qwen3Params
 
     if ctx.facts is not None and ctx.facts.params is not None:
         return ctx.facts.params

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoint import MossCheckpoint
+from ..disk.layout_names import META_NAME
 from ..errors import UsageError
-from ..folders import META_NAME
-from ..gguf_read import GgufFile
+from ..gguf.read import GgufFile
 from ..report import FAIL, PASS
+from ..source.checkpoint import MossCheckpoint
 from .context import Context
-from .facts import Facts, facts_diff, facts_from_config, facts_line, read_meta_facts
+from .model_facts import Facts, facts_diff, facts_from_config, facts_line, read_meta_facts
 from .quality import QualitySummary, TensorQuality, tensor_threshold
 from .tensors import (
     SOURCE_DTYPES,
@@ -35,7 +35,7 @@ from .values import FileResult
 
 
 def open_source(ctx: Context) -> None:
-    from ..checkpoint import open_checkpoint, resolve_model
+    from ..source.checkpoint import open_checkpoint, resolve_model
 
     r = ctx.rows
     r.group = "files"
@@ -72,7 +72,7 @@ def open_source(ctx: Context) -> None:
 
 def _recorded_source(ctx: Context) -> MossCheckpoint | None:
     """--deep without --source: the source_model in extraction_meta.json, if local."""
-    from ..checkpoint import BUILTIN_PREFIX, open_checkpoint, resolve_model
+    from ..source.checkpoint import BUILTIN_PREFIX, open_checkpoint, resolve_model
 
     recorded = ctx.meta.get("source_model")
     if isinstance(recorded, str) and (

@@ -8,14 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from ..confine import child
+from ..disk.confine import child
+from ..disk.layout_names import BACKBONE_DIR, META_NAME
 from ..errors import InputError, MossGgufError
-from ..folders import BACKBONE_DIR, META_NAME
 from ..report import FAIL, WARN
+from ..source.backbone import TOKENIZER_REQUIRED
 from .context import Context
 from .target import shown_path
 
-TOKENIZER_REQUIRED = ("tokenizer.json", "tokenizer_config.json")
 CODEC_ROW = "audio tokenizer"
 
 
@@ -89,8 +89,8 @@ def file_rows(ctx: Context) -> None:
 
 def _backbone_weights(ctx: Context) -> None:
     """An extract folder's qwen3_backbone/: config, shards and every tensor's shape."""
-    from ..convert import open_backbone
-    from ..gguf_write import OutType, plan_tensors
+    from ..gguf.write import OutType, plan_tensors
+    from ..source.backbone import open_backbone
 
     r = ctx.rows
     folder = ctx.t.backbone_dir

@@ -6,8 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
-from ..folders import (
+from ..disk.layout_names import (
     BACKBONE_DIR,
     EMBEDDING_DIR,
     LM_HEAD_DIR,
@@ -15,6 +14,7 @@ from ..folders import (
     META_NAME,
     TOKENIZER_DIR,
 )
+from ..errors import InputError
 
 YAML_PATH_KEYS = ("backbone_gguf", "embedding_dir", "lm_head_dir", "tokenizer_dir")
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoint import TensorRef
 from ..errors import InputError
-from ..gguf_read import GgufFile, GgufTensorInfo
+from ..gguf.read import GgufFile, GgufTensorInfo
 from ..progress import ProgressReporter
-from ..safetensors_io import bf16_to_f32, to_f32
+from ..source.checkpoint import TensorRef
+from ..source.safetensors_io import bf16_to_f32, to_f32
 from .context import CHUNK_BYTES, WORKERS
 
 # elements per dequantize call: K-quant dequantizing in NumPy is fastest with ~64-256k
@@ -204,7 +204,7 @@ def expected_gguf_tensors(hp) -> dict[str, tuple[str, tuple[int, ...]]]:
     """GGUF tensor name → (Qwen3ForCausalLM name, HF shape), output head always present."""
     import gguf
 
-    from ..gguf_write import ARCH, expected_shapes
+    from ..gguf.write import ARCH, expected_shapes
 
     names = gguf.get_tensor_name_map(ARCH, hp.n_layers)
     out = {}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..report import FAIL
-from ..token_ids import TOKEN_DEFAULTS
+from ..source.token_ids import TOKEN_DEFAULTS
 from .context import Context
 from .target import shown_path
 

@@ -2,8 +2,9 @@
 
 Every file is read once, in chunks, by one worker thread per core, up to 8 (hashlib, file
 reads and the NumPy bit tests release the GIL): one pass hashes a file for the manifest,
-tests a table's values and, with --source, compares it with its source tensor (a file this
-process hashed already, as `all` does while writing, keeps that digest: digests.py).
+tests a table's values and, with --source, compares it with its source tensor (a file the
+run hashed already, as `all` does while writing, keeps that digest: the run's
+disk.digests.HashRecord, handed in as verify's ``record``).
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoint import TensorRef
-from ..digests import known_checked_gguf, known_sha256, known_table, sha256_file
-from ..gguf_read import GgufFile
+from ..disk.digests import HashRecord, sha256_file
+from ..gguf.read import GgufFile
+from ..source.checkpoint import TensorRef
 from .context import CHUNK_BYTES, WORKERS, Context
 from .structure import expected_tables, manifest_entries, manifest_row, table_rows
 from .target import shown_path
@@ -81,13 +82,17 @@ def _nonfinite_f16(bits: np.ndarray, scratch: np.ndarray) -> np.ndarray | None:
     return np.flatnonzero(scratch == 0x7C00)
 
 
-def stream_file(job: FileJob, on_bytes: Callable[[int], None]) -> FileResult:
+def stream_file(
+    job: FileJob, on_bytes: Callable[[int], None], record: HashRecord | None = None
+) -> FileResult:
     """One read of a file: sha256 (if the manifest lists it); for a table its header,
-    length, values and (with --source) equality with its source tensor."""
+    length, values and (with --source) equality with its source tensor. What RECORD (the
+    run's) says a writer checked or hashed is taken instead of read again."""
     res = FileResult(job)
+    record = record if record is not None else HashRecord()
     try:
         res.size = job.path.stat().st_size
-        if job.table and job.source is None and (written := known_table(job.path)):
+        if job.table and job.source is None and (written := record.known_table(job.path)):
             # written by this process, which checked every value as it wrote it
             facts, digest = written
             res.shape, res.dtype, res.data_offset = facts.shape, facts.dtype, facts.data_offset
@@ -96,12 +101,12 @@ def stream_file(job: FileJob, on_bytes: Callable[[int], None]) -> FileResult:
             res.sha256 = digest if job.sha256 is not None else None
             on_bytes(res.size)
             return res
-        if job.gguf is not None and (checked := known_checked_gguf(job.path)):
+        if job.gguf is not None and (checked := record.known_checked_gguf(job.path)):
             # quantized by this process, which validated every block as it wrote it
             res.sha256 = checked if job.sha256 is not None else None
             on_bytes(res.size)
             return res
-        known = known_sha256(job.path) if job.sha256 is not None else None
+        known = record.known_sha256(job.path) if job.sha256 is not None else None
         if known is not None:  # hashed by this process as it wrote or listed the file
             res.sha256, job = known, dataclasses.replace(job, sha256=None)
         if job.gguf is not None:
@@ -325,7 +330,7 @@ def file_pass(ctx: Context) -> None:
     jobs: dict[Path, FileJob] = {}
     src_tables: dict[str, TensorRef] = {}
     if ctx.ck is not None:
-        from ..extract import npy_jobs
+        from ..source.tables import npy_jobs
 
         src_tables = {Path(j.relpath).name: j.source for j in npy_jobs(ctx.ck)}
     for key, name, shape in expected_tables(ctx) if t.kind != "gguf" else []:
@@ -352,7 +357,7 @@ def file_pass(ctx: Context) -> None:
             ctx.bar.advance("verify:read", n)
 
     with ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="verify") as pool:
-        results = list(pool.map(lambda j: stream_file(j, on_bytes), ordered))
+        results = list(pool.map(lambda j: stream_file(j, on_bytes, ctx.record), ordered))
     ctx.bar.finish("verify:read")
     by_path = {res.job.path: res for res in results}
     ctx.tables = {res.job.rel: res for res in results if res.job.table}

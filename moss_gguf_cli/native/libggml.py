@@ -1,0 +1,237 @@
+"""The libggml that llama-cpp-python ships, through ctypes: one loader for every user.
+
+Used for ggml's own quantization routines (the code `llama-quantize` runs, from the very
+library it links) and for its GGUF context API (the code that writes llama-quantize's
+headers), so that what we produce with them is what llama.cpp would produce.
+ctypes releases the GIL for the length of each call: Python threads quantize in parallel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import libllama
+
+
+class GgmlUnavailable(Exception):
+    """llama-cpp-python, or the libggml it ships, cannot be used here."""
+
+
+class _InitParams(ctypes.Structure):  # struct ggml_init_params
+    _fields_ = [
+        ("mem_size", ctypes.c_size_t),
+        ("mem_buffer", ctypes.c_void_p),
+        ("no_alloc", ctypes.c_bool),
+    ]
+
+
+class _GgufInitParams(ctypes.Structure):  # struct gguf_init_params
+    _fields_ = [("no_alloc", ctypes.c_bool), ("ctx", ctypes.POINTER(ctypes.c_void_p))]
+
+
+InitParams = _InitParams
+
+_VP, _CP, _SZ, _I64 = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int64
+_I32, _U32, _BOOL = ctypes.c_int, ctypes.c_uint32, ctypes.c_bool
+_FP = ctypes.POINTER(ctypes.c_float)
+
+# name: (argtypes, restype); all in libggml-base
+_BASE = {
+    "ggml_init": ([_InitParams], _VP),
+    "ggml_free": ([_VP], None),
+    "ggml_reset": ([_VP], None),
+    "ggml_new_tensor_2d": ([_VP, _I32, _I64, _I64], _VP),
+    "ggml_mul_mat": ([_VP, _VP, _VP], _VP),
+    "ggml_new_graph": ([_VP], _VP),
+    "ggml_build_forward_expand": ([_VP, _VP], None),
+    "ggml_get_data": ([_VP], _VP),
+    "ggml_graph_overhead": ([], _SZ),
+    "ggml_tensor_overhead": ([], _SZ),
+    "ggml_get_tensor": ([_VP, _CP], _VP),
+    "ggml_row_size": ([_I32, _I64], _SZ),
+    "ggml_quantize_init": ([_I32], None),
+    "ggml_quantize_chunk": ([_I32, _FP, _VP, _I64, _I64, _I64, _FP], _SZ),
+    "ggml_validate_row_data": ([_I32, _VP, _SZ], _BOOL),
+    "gguf_init_empty": ([], _VP),
+    "gguf_init_from_file": ([_CP, _GgufInitParams], _VP),
+    "gguf_free": ([_VP], None),
+    "gguf_set_kv": ([_VP, _VP], None),
+    "gguf_set_val_u32": ([_VP, _CP, _U32], None),
+    "gguf_set_val_str": ([_VP, _CP, _CP], None),
+    "gguf_remove_key": ([_VP, _CP], _I64),
+    "gguf_add_tensor": ([_VP, _VP], None),
+    "gguf_set_tensor_type": ([_VP, _CP, _I32], None),
+    "gguf_get_n_tensors": ([_VP], _I64),
+    "gguf_find_tensor": ([_VP, _CP], _I64),
+    "gguf_get_tensor_name": ([_VP, _I64], _CP),
+    "gguf_get_tensor_offset": ([_VP, _I64], _SZ),
+    "gguf_get_tensor_size": ([_VP, _I64], _SZ),
+    "gguf_get_meta_size": ([_VP], _SZ),
+    "gguf_get_meta_data": ([_VP, _VP], None),
+}
+_CPU = {
+    "ggml_cpu_init": ([], None),
+    "ggml_cpu_has_f16c": ([], _I32),
+    "ggml_graph_compute_with_ctx": ([_VP, _VP, _I32], _I32),
+}
+
+
+@dataclass(frozen=True)
+class Ggml:
+    base: ctypes.CDLL
+    cpu: ctypes.CDLL
+    libdir: Path
+
+
+_loaded: Ggml | None = None
+_lock = threading.Lock()
+
+
+def load() -> Ggml:
+    """libggml-base and libggml-cpu of the installed llama-cpp-python, signatures set."""
+    global _loaded
+    with _lock:
+        if _loaded is not None:
+            return _loaded
+        try:
+            llama_cpp = libllama.bindings()  # loads libggml the way llama-cpp-python does
+        except Exception as exc:  # noqa: BLE001 - any import failure means: not available
+            raise GgmlUnavailable(f"llama_cpp does not import: {exc}") from exc
+        libdir = Path(llama_cpp.__file__).parent / "lib"
+        try:
+            # the same files libllama loaded: dlopen hands back those handles
+            base = ctypes.CDLL(str(libdir / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
+            cpu = ctypes.CDLL(str(libdir / "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
+            for lib, table in ((base, _BASE), (cpu, _CPU)):
+                for name, (args, res) in table.items():
+                    fn = getattr(lib, name)
+                    fn.argtypes, fn.restype = args, res
+        except (OSError, AttributeError) as exc:
+            raise GgmlUnavailable(f"libggml not usable in {libdir}: {exc}") from exc
+        cpu.ggml_cpu_init()
+        _loaded = Ggml(base, cpu, libdir)
+        return _loaded
+
+
+def row_size(type_id: int, n_per_row: int) -> int:
+    return int(load().base.ggml_row_size(type_id, n_per_row))
+
+
+def quantize_rows(
+    type_id: int,
+    src: np.ndarray,
+    dst: np.ndarray,
+    row0: int,
+    row1: int,
+    imatrix: np.ndarray | None,
+) -> int:
+    """Quantize rows row0..row1 of src (float32, rows × n_per_row, C order) into dst (the
+    bytes of all of src's rows); returns the bytes written. Safe to call from threads."""
+    g = load().base
+    n_per_row = src.shape[1]
+    im = imatrix.ctypes.data_as(_FP) if imatrix is not None else None
+    return int(
+        g.ggml_quantize_chunk(
+            type_id,
+            src.ctypes.data_as(_FP),
+            dst.ctypes.data,
+            row0 * n_per_row,
+            row1 - row0,
+            n_per_row,
+            im,
+        )  # fmt: skip
+    )
+
+
+def valid_rows(type_id: int, data: np.ndarray) -> bool:
+    """ggml's check of quantized bytes (finite scales), as llama-quantize runs it."""
+    return bool(load().base.ggml_validate_row_data(type_id, data.ctypes.data, data.nbytes))
+
+
+class GgufHeader:
+    """A GGUF context read from a file's header (tensor data not loaded), for copying."""
+
+    def __init__(self, path: Path):
+        g = load().base
+        self._g = g
+        self._ggml_ctx = ctypes.c_void_p()
+        params = _GgufInitParams(True, ctypes.pointer(self._ggml_ctx))
+        self.ctx = g.gguf_init_from_file(str(path).encode(), params)
+        if not self.ctx:
+            raise GgmlUnavailable(f"ggml cannot read the GGUF header of {path}")
+
+    def tensor(self, name: str) -> int:
+        t = self._g.ggml_get_tensor(self._ggml_ctx, name.encode())
+        if not t:
+            raise KeyError(name)
+        return t
+
+    def close(self) -> None:
+        if self.ctx:
+            self._g.gguf_free(self.ctx)
+            self.ctx = None
+        if self._ggml_ctx:
+            self._g.ggml_free(self._ggml_ctx)
+            self._ggml_ctx = ctypes.c_void_p()
+
+    def __enter__(self) -> GgufHeader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@dataclass
+class HeaderBytes:
+    """A GGUF header as ggml writes it, and where each tensor's data goes after it."""
+
+    meta: bytes
+    offsets: dict[str, int]  # tensor name -> offset from the start of the data section
+    sizes: dict[str, int]
+    data_bytes: int  # the data section, padded tensors
+
+
+def build_header(
+    src: GgufHeader,
+    order: list[tuple[str, int]],
+    set_u32: list[tuple[str, int]],
+    remove: list[str],
+    overrides: list[tuple[str, int | bytes]],
+) -> HeaderBytes:
+    """A new context: src's key/values, then set_u32 (moved to the end, as ggml's setters
+    do), `remove` dropped, overrides set, the tensors in `order` with their new types."""
+    g = load().base
+    ctx = g.gguf_init_empty()
+    try:
+        g.gguf_set_kv(ctx, src.ctx)
+        for key, value in set_u32:
+            g.gguf_set_val_u32(ctx, key.encode(), value)
+        for key in remove:
+            g.gguf_remove_key(ctx, key.encode())
+        for key, value in overrides:
+            if isinstance(value, bytes):
+                g.gguf_set_val_str(ctx, key.encode(), value)
+            else:
+                g.gguf_set_val_u32(ctx, key.encode(), abs(int(value)))
+        for name, _ in order:
+            g.gguf_add_tensor(ctx, src.tensor(name))
+        for name, type_id in order:
+            g.gguf_set_tensor_type(ctx, name.encode(), type_id)
+        offsets, sizes = {}, {}
+        for i in range(g.gguf_get_n_tensors(ctx)):
+            name = g.gguf_get_tensor_name(ctx, i).decode()
+            offsets[name] = int(g.gguf_get_tensor_offset(ctx, i))
+            sizes[name] = int(g.gguf_get_tensor_size(ctx, i))
+        n = int(g.gguf_get_meta_size(ctx))
+        buf = ctypes.create_string_buffer(n)
+        g.gguf_get_meta_data(ctx, buf)
+        last = max(offsets, key=offsets.get) if offsets else None
+        end = offsets[last] + sizes[last] if last else 0
+        return HeaderBytes(buf.raw, offsets, sizes, end + (-end % 32))
+    finally:
+        g.gguf_free(ctx)

@@ -1,0 +1,445 @@
+"""Open a MOSS source checkpoint: where it is, what it is, and its tensors.
+
+Everything that decides "is this a MOSS delay model, and with which sizes" lives
+here, read from the config and the tensors actually present — never constants.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..disk.confine import boundary, child, confined
+from ..errors import InputError, UnsupportedModelError
+from ..gguf.qwen3_names import layer_shapes
+from ..progress import ProgressReporter
+from .hub import download, is_repo_id
+from .safetensors_io import TensorInfo, read_header, to_f32
+from .token_ids import TOKEN_DEFAULTS
+
+log = logging.getLogger(__name__)
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "merges.txt",
+    "vocab.json",
+)
+HUB_PATTERNS = ["*.safetensors", INDEX_NAME, "config.json", *TOKENIZER_FILES]
+BUILTIN_PREFIX = "builtin:"
+
+# names used by some ports for the same facts
+_KEY_VARIANTS = {
+    "n_vq": ("n_vq", "n_codebooks"),
+    "audio_vocab_size": ("audio_vocab_size", "codebook_size"),
+    "audio_pad_code": ("audio_pad_code", "codebook_pad_token_id"),
+}
+
+
+@dataclass(frozen=True)
+class MossConfig:
+    """The facts of a MOSS delay model that every step needs."""
+
+    n_vq: int
+    audio_vocab_size: int
+    audio_pad_code: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    sampling_rate: int
+    pad_token_id: int
+    im_start_token_id: int
+    im_end_token_id: int
+    audio_start_token_id: int
+    audio_end_token_id: int
+    audio_user_slot_token_id: int
+    audio_assistant_gen_slot_token_id: int
+    audio_assistant_delay_slot_token_id: int
+    model_type: str = "moss_tts_delay"
+    variant: str = "MOSS-TTS"
+
+    @property
+    def audio_rows(self) -> int:
+        """Rows of each audio table and head: the codebook plus its pad row."""
+        return self.audio_vocab_size + 1
+
+    @classmethod
+    def from_dict(cls, config: dict[str, Any], path: Path | None = None) -> MossConfig:
+        lang = config.get("language_config")
+        if not isinstance(lang, dict):
+            raise InputError("config has no 'language_config' section", path=path)
+
+        def pick(name: str, default: Any = None) -> Any:
+            for key in _KEY_VARIANTS.get(name, (name,)):
+                if config.get(key) is not None:
+                    return config[key]
+            return default
+
+        def need(section: dict, key: str, where: str) -> Any:
+            if section.get(key) is None:
+                raise InputError(f"config is missing {where}{key}", path=path)
+            return section[key]
+
+        try:
+            hidden = int(need(lang, "hidden_size", "language_config."))
+            heads = int(need(lang, "num_attention_heads", "language_config."))
+            audio_vocab = int(pick("audio_vocab_size", 1024))
+            return cls(
+                n_vq=int(pick("n_vq", 32)),
+                audio_vocab_size=audio_vocab,
+                audio_pad_code=int(pick("audio_pad_code", audio_vocab)),
+                hidden_size=hidden,
+                intermediate_size=int(need(lang, "intermediate_size", "language_config.")),
+                num_layers=int(need(lang, "num_hidden_layers", "language_config.")),
+                num_heads=heads,
+                num_kv_heads=int(lang.get("num_key_value_heads") or heads),
+                head_dim=int(lang.get("head_dim") or hidden // heads),
+                vocab_size=int(need(lang, "vocab_size", "language_config.")),
+                rms_norm_eps=float(lang.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(lang.get("rope_theta", 1e6)),
+                max_position_embeddings=int(lang.get("max_position_embeddings", 40960)),
+                sampling_rate=int(config.get("sampling_rate", 24000)),
+                model_type=str(config.get("model_type", "moss_tts_delay")),
+                variant=variant_name(config),
+                **{k: int(config.get(k, v)) for k, v in TOKEN_DEFAULTS.items()},
+            )
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"config has a value of the wrong type ({exc})", path=path) from exc
+
+
+def variant_name(config: dict[str, Any]) -> str:
+    name = str(config.get("_name_or_path") or config.get("name_or_path") or "")
+    n_vq = config.get("n_vq", config.get("n_codebooks", 32))
+    if "ttsd" in name.lower() or n_vq == 16:
+        return "MOSS-TTSD"
+    if config.get("gen_token_id") is not None or "voice" in name.lower():
+        return "MOSS-VoiceGenerator"
+    if "soundeffect" in name.lower().replace("-", "").replace("_", ""):
+        return "MOSS-SoundEffect"
+    return "MOSS-TTS"
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """One tensor of the checkpoint, read lazily from its shard."""
+
+    name: str
+    path: Path
+    info: TensorInfo
+
+    @property
+    def dtype(self) -> str:
+        return self.info.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.info.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.info.nbytes
+
+    @property
+    def offset(self) -> int:
+        return self.info.offset
+
+    def array(self) -> np.ndarray:
+        """Memory-mapped, in storage dtype (bf16 as uint16)."""
+        return self.info.memmap(self.path)
+
+    def read_f32(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows [start, stop) widened to float32."""
+        rows = self.array()[start:stop]
+        return to_f32(np.asarray(rows), self.dtype)
+
+
+@dataclass
+class MossCheckpoint:
+    root: Path
+    config: dict[str, Any]
+    moss: MossConfig
+    tensors: dict[str, TensorRef]
+    shards: list[Path]
+    tokenizer_files: list[Path] = field(default_factory=list)
+
+    @property
+    def language_config(self) -> dict[str, Any]:
+        return self.config["language_config"]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+    def backbone_tensors(self) -> list[tuple[str, TensorRef]]:
+        """(Qwen3ForCausalLM name, source tensor) for the standalone backbone, in source order."""
+        out = []
+        for name, ref in self.tensors.items():
+            if name.startswith("language_model."):
+                out.append(("model." + name[len("language_model.") :], ref))
+        out.append(("lm_head.weight", self.tensors["lm_heads.0.weight"]))
+        return out
+
+
+def read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise InputError(f"{what} not found", path=path) from exc
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(
+            f"{what} is not valid JSON ({exc})",
+            path=path,
+            hint="the file is truncated or corrupt; download it again",
+        ) from exc
+
+
+# model_type values of OpenMOSS checkpoints that are not delay models
+_REFUSED_TYPES = {
+    "moss_tts_local": "MOSS-TTS-Local",
+    "moss_tts_realtime": "MOSS-TTS-Realtime",
+    "moss_ttsd": "MOSS-TTSD v0.5/v0.7",
+    "asteroid": "MOSS-TTSD v0.5/v0.7",
+    "moss_tts_nano": "MOSS-TTS-Nano",
+    "moss_soundeffect": "MOSS-SoundEffect v2.0",
+}
+_ONLY_DELAY = "only MOSS delay models convert to a llama.cpp backbone"
+
+
+def detect_lookalike(config: dict[str, Any], path: Path) -> None:
+    """Refuse, with the likely model name, what is not a MOSS delay model."""
+    model_type = str(config.get("model_type", ""))
+    archs = [str(a) for a in config.get("architectures") or []]
+    if model_type in _REFUSED_TYPES:
+        raise UnsupportedModelError(
+            f"{_REFUSED_TYPES[model_type]} (model_type {model_type!r}) is not a MOSS delay model",
+            path=path,
+            hint=_ONLY_DELAY,
+        )
+    if "language_config" not in config:
+        if model_type in ("qwen3", "qwen2") or any("Qwen" in a for a in archs):
+            raise UnsupportedModelError(
+                f"this is a plain {model_type or archs[0]} checkpoint, not MOSS-TTS",
+                path=path,
+                hint="convert it with llama.cpp's convert_hf_to_gguf.py directly",
+            )
+        raise UnsupportedModelError(
+            f"not a MOSS-TTS config (model_type {model_type or 'missing'!r}, no language_config)",
+            path=path,
+            hint="point --model at a MOSS-TTS checkpoint folder",
+        )
+    if config.get("local_num_layers") is not None or config.get("local_hidden_size") is not None:
+        raise UnsupportedModelError(
+            "MOSS-TTS-Local-Transformer (local_num_layers/local_hidden_size) is not a delay model",
+            path=path,
+            hint=_ONLY_DELAY,
+        )
+    if model_type and model_type != "moss_tts_delay":
+        raise UnsupportedModelError(
+            f"model_type {model_type!r} is not a MOSS delay model (expected 'moss_tts_delay')",
+            path=path,
+            hint=_ONLY_DELAY,
+        )
+
+
+def _shard_files(root: Path) -> tuple[list[Path], dict[str, Path] | None]:
+    index = root / INDEX_NAME
+    if index.exists():
+        data = read_json(index, "safetensors index")
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise InputError(
+                "index has no 'weight_map'",
+                path=index,
+                hint="the file is truncated or corrupt; download it again",
+            )
+        by_tensor: dict[str, Path] = {}
+        for tensor, rel in weight_map.items():
+            if not isinstance(rel, str):
+                raise InputError(f"index maps {tensor!r} to a non-string", path=index)
+            by_tensor[tensor] = child(root, rel, "shard", index)
+        shards = list(dict.fromkeys(by_tensor.values()))
+        for shard in shards:
+            if not shard.is_file():
+                raise InputError(
+                    f"shard {shard.name} named by the index is missing",
+                    path=index,
+                    hint="download the missing shard again",
+                )
+        return shards, by_tensor
+    single = root / SINGLE_NAME
+    if single.is_file():
+        return [single], None
+    pickles = sorted(p.name for p in root.glob("*.bin")) + sorted(p.name for p in root.glob("*.pt"))
+    if pickles:
+        raise InputError(
+            f"only pickled weights ({', '.join(pickles[:3])}) found; they are never "
+            "loaded, since unpickling can run arbitrary code",
+            path=root,
+            hint="use the model's safetensors files",
+        )
+    raise InputError(
+        "no model.safetensors or model.safetensors.index.json",
+        path=root,
+        hint="point --model at a MOSS-TTS checkpoint folder",
+    )
+
+
+def open_checkpoint(root: Path) -> MossCheckpoint:
+    """Read config, index and shard headers, and check the tensor set against the config."""
+    root = Path(root)
+    if not root.is_dir():
+        raise InputError("model folder not found", path=root)
+    config_path = root / "config.json"
+    if (root / "model_index.json").is_file():
+        raise UnsupportedModelError(
+            "model_index.json marks a diffusion pipeline (such as MOSS-SoundEffect v2.0), "
+            "not a MOSS delay model",
+            path=root,
+            hint=_ONLY_DELAY,
+        )
+    if not config_path.is_file():
+        raise InputError(
+            "config.json is missing",
+            path=root,
+            hint="point --model at a MOSS-TTS checkpoint folder",
+        )
+    edge = boundary(root)
+    config = read_json(confined(config_path, edge), "config.json")
+    if not isinstance(config, dict):
+        raise InputError("config.json is not a JSON object", path=config_path)
+    detect_lookalike(config, config_path)
+    moss = MossConfig.from_dict(config, config_path)
+
+    shards, tensors = read_tensors(root)
+    _check_tensors(tensors, moss, config_path)
+    tokenizer = [confined(root / n, edge) for n in TOKENIZER_FILES if (root / n).is_file()]
+    return MossCheckpoint(root, config, moss, tensors, shards, tokenizer)
+
+
+def read_tensors(root: Path) -> tuple[list[Path], dict[str, TensorRef]]:
+    """The shards of a safetensors folder (index + shards, or one file) and every tensor in them."""
+    edge = boundary(root)
+    if (root / INDEX_NAME).exists():
+        confined(root / INDEX_NAME, edge)
+    shards, by_tensor = _shard_files(root)
+    for shard in shards:  # before a header is read: a link out is never opened
+        confined(shard, edge)
+    tensors: dict[str, TensorRef] = {}
+    for shard in shards:
+        for name, info in read_header(shard).tensors.items():
+            if by_tensor is not None and by_tensor.get(name) != shard:
+                continue  # the index is authoritative about where a tensor lives
+            tensors[name] = TensorRef(name, shard, info)
+    if by_tensor is not None:
+        missing = [n for n in by_tensor if n not in tensors]
+        if missing:
+            raise InputError(
+                f"tensor {missing[0]!r} listed in the index is not in its shard "
+                f"({len(missing)} missing)",
+                path=root / INDEX_NAME,
+                hint="the shard is corrupt or from another model; download it again",
+            )
+    return shards, tensors
+
+
+def expected_shapes(moss: MossConfig) -> dict[str, tuple[int, ...]]:
+    """Shapes of the MOSS-specific tensors and the backbone ends."""
+    h = moss.hidden_size
+    shapes = {
+        "language_model.embed_tokens.weight": (moss.vocab_size, h),
+        "language_model.norm.weight": (h,),
+        "lm_heads.0.weight": (moss.vocab_size, h),
+    }
+    for i in range(moss.n_vq):
+        shapes[f"emb_ext.{i}.weight"] = (moss.audio_rows, h)
+        shapes[f"lm_heads.{i + 1}.weight"] = (moss.audio_rows, h)
+    q = moss.num_heads * moss.head_dim
+    kv = moss.num_kv_heads * moss.head_dim
+    f = moss.intermediate_size
+    for n in range(moss.num_layers):
+        shapes.update(layer_shapes(f"language_model.layers.{n}.", h, q, kv, f, moss.head_dim))
+    return shapes
+
+
+def _check_tensors(tensors: dict[str, TensorRef], moss: MossConfig, config_path: Path) -> None:
+    if any(n.startswith(("model.embedding_list.", "local_transformer.")) for n in tensors):
+        raise UnsupportedModelError(
+            "tensors model.embedding_list.*/local_transformer.* mark MOSS-TTS-Local-Transformer, "
+            "not a delay model",
+            path=config_path.parent,
+            hint=_ONLY_DELAY,
+        )
+    for name, shape in expected_shapes(moss).items():
+        ref = tensors.get(name)
+        if ref is None:
+            raise InputError(
+                f"tensor {name!r} is missing",
+                path=config_path.parent,
+                hint="the checkpoint is incomplete or not a MOSS-TTS delay model",
+            )
+        if tuple(ref.shape) != shape:
+            raise InputError(
+                f"tensor {name!r} has shape {list(ref.shape)} but the config implies {list(shape)}",
+                path=ref.path,
+                hint="config.json and the weights disagree; re-download both",
+            )
+    extra = f"emb_ext.{moss.n_vq}.weight"
+    if extra in tensors:
+        raise InputError(
+            f"tensor {extra!r} exists but config.json says n_vq = {moss.n_vq}",
+            path=config_path,
+            hint="config.json and the weights disagree",
+        )
+
+
+# ----------------------------------------------------------------------------- where it is
+
+
+def resolve_model(
+    model: str,
+    revision: str | None = None,
+    cache_dir: Path | None = None,
+    progress: ProgressReporter | None = None,
+) -> Path:
+    """A local folder for MODEL: itself, the builtin tiny checkpoint, or a Hub snapshot."""
+    if model.startswith(BUILTIN_PREFIX):
+        from .tiny import ensure_tiny
+
+        return ensure_tiny(model[len(BUILTIN_PREFIX) :])
+    path = Path(model).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise InputError("expected a checkpoint folder, got a file", path=path)
+        return path
+    if not is_repo_id(model):
+        raise InputError(
+            "model folder not found",
+            path=path,
+            hint="give an existing folder, a Hub repo id like OpenMOSS-Team/MOSS-TTS,"
+            " or builtin:tiny",
+        )
+    return download(model, HUB_PATTERNS, revision, cache_dir, progress)
+
+
+
+
+def as_checkpoint(source: Path | str | MossCheckpoint) -> MossCheckpoint:
+    """SOURCE opened: a checkpoint already opened (`all` opens it once per run) as it is,
+    a folder opened here."""
+    return source if isinstance(source, MossCheckpoint) else open_checkpoint(Path(source))
