@@ -15,7 +15,7 @@ What lives here:
                 /metrics; authentication and error rendering
 - server.py     run_server: load, bind, serve with uvicorn, stop cleanly on SIGINT/SIGTERM
 
-Imports: this package may import tts/, errors, progress and holds (a test's hold point);
+May import: tts/ and the top level (errors, progress, hold_points: a test's hold point);
 nothing imports it except cli/serve_cmd.py. FastAPI, uvicorn, PyAV and prometheus_client come
 with the optional `serve` extra, so only settings.py is imported before the extra is checked.
 """
