@@ -215,3 +215,15 @@ def test_a_broken_first_class_file_is_refused(how, words, tiny_model, tmp_path) 
     with pytest.raises(InputError, match=words) as err:
         check_first_class(bad)
     assert Path(err.value.path) == bad and "\n" not in str(err.value)
+
+
+def test_both_formats_in_one_run(tmp_path: Path) -> None:
+    out = tmp_path / "w"
+    done = cli("all", "--model", "builtin:tiny", "--output", str(out),
+               "--format", "backend", "--format", "moss-tts-delay")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (out / "backbone_q4_k_m.gguf").is_file() and (out / "moss-tts.yaml").is_file()
+    first = out / "moss-tts-delay" / "moss-tts-delay_q4_k_m.gguf"
+    assert sha256_file(first) == GOLDEN["tiny"]["Q4_K_M"]
+    checked = cli("verify", str(out))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
