@@ -30,7 +30,7 @@ import gguf
 import numpy as np
 
 from .checkpoint import MossCheckpoint, open_checkpoint
-from .errors import InputError, UnsupportedModelError
+from .errors import InputError, UnsupportedModelError, UsageError
 from .extract import backbone_config
 from .gguf_stream import SOURCE_DTYPES, GGUFTensor, SourceTensor
 from .gguf_vocab import read_vocab
@@ -84,6 +84,10 @@ class DelayPlan(GGUFPlan):
 
     hparams: dict[str, Any] | None = None
     metadata: gguf.Metadata | None = None
+    audio_tables: gguf.GGMLQuantizationType | None = None  # over the quantizer's choice
+
+    def forced_type(self, name: str) -> gguf.GGMLQuantizationType | None:
+        return self.audio_tables if name.startswith((AUDIO_EMBD, AUDIO_HEAD)) else None
 
     def writer(self) -> gguf.GGUFWriter:
         return build_delay_writer(self)
@@ -122,8 +126,28 @@ def plan_tensors(ck: MossCheckpoint, outtype: OutType) -> list[GGUFTensor]:
     return planned
 
 
-def plan_delay(model: Path, outtype: str | OutType = "f16") -> DelayPlan:
-    """Open a MOSS-TTS checkpoint and decide its first-class GGUF; no tensor data is read."""
+AUDIO_TABLE_TYPES = ("f16", "bf16", "q8_0")
+
+
+def parse_audio_tables_type(value: str | None) -> gguf.GGMLQuantizationType | None:
+    """--audio-tables-type: None (the quantizer's choice: the file's base type) or a type."""
+    if value is None:
+        return None
+    v = value.strip().lower()
+    if v not in AUDIO_TABLE_TYPES:
+        raise UsageError(
+            f"unknown audio tables type {value!r}", hint="choose " + ", ".join(AUDIO_TABLE_TYPES)
+        )
+    return gguf.GGMLQuantizationType[v.upper()]
+
+
+def plan_delay(
+    model: Path, outtype: str | OutType = "f16", audio_tables: str | None = None
+) -> DelayPlan:
+    """Open a MOSS-TTS checkpoint and decide its first-class GGUF; no tensor data is read.
+
+    ``audio_tables``: the quantized files keep the audio tables in this type (f16, bf16, q8_0)
+    instead of the base type llama.cpp's quantizer gives them."""
     out_type = OutType.parse(outtype)
     ck = open_checkpoint(Path(model))
     config_path = ck.root / "config.json"
@@ -133,6 +157,15 @@ def plan_delay(model: Path, outtype: str | OutType = "f16") -> DelayPlan:
     vocab = read_vocab(ck.root, ck.config, params.vocab, byte_level_adds=False)
     merged = hparams(ck.config)
     plan = DelayPlan(params, tensors, vocab, out_type, "", hparams=merged)
+    plan.audio_tables = parse_audio_tables_type(audio_tables)
+    if plan.audio_tables is not None:
+        block = gguf.GGML_QUANT_SIZES[plan.audio_tables][0]
+        if params.hidden % block:
+            raise UsageError(
+                f"audio tables of {params.hidden} columns do not split into "
+                f"{plan.audio_tables.name} blocks of {block}",
+                hint="choose f16 or bf16",
+            )
     plan.metadata = model_card(ck.root, plan)
     plan.name = plan.metadata.name or ck.root.name
     return plan

@@ -20,7 +20,7 @@ from pathlib import Path
 from . import __version__
 from .audio_tokenizer import AudioTokenizer
 from .checkpoint import TOKENIZER_FILES
-from .delay_gguf import FORMAT, plan_delay
+from .delay_gguf import FORMAT, parse_audio_tables_type, plan_delay
 from .digests import sha256_cached
 from .errors import UsageError
 from .folders import MANIFEST_NAME, TOKENIZER_DIR
@@ -110,6 +110,7 @@ def write_first_class(
     threads: int | None = None,
     force: bool = False,
     progress: ProgressReporter | None = None,
+    audio_tables: str | None = None,
 ) -> FirstClassFolder:
     """A first-class folder at output: every type in one read of the checkpoint, then the
     tokenizer, the codec, README.md and manifest.json; renamed into place when complete."""
@@ -121,7 +122,7 @@ def write_first_class(
     if floats:
         outtype = floats[0].lower()  # the unquantized file is the intermediate itself
     with Staging(Path(output), force=force) as stage:
-        notes = _write_ggufs(model, stage.path, quants, outtype, threads, bar)
+        notes = _write_ggufs(model, stage.path, quants, outtype, threads, bar, audio_tables)
         ck_tokenizer = [Path(model) / n for n in TOKENIZER_FILES if (Path(model) / n).is_file()]
         (stage.path / TOKENIZER_DIR).mkdir()
         for src in ck_tokenizer:
@@ -131,7 +132,8 @@ def write_first_class(
                 _link_or_copy(item.source, stage.path / item.rel)
         names = gguf_names(quants)
         (stage.path / README_NAME).write_text(readme(names, codec is not None))
-        files = _manifest(stage.path, names, codec, source_model)
+        tables = audio_tables.strip().lower() if audio_tables else None
+        files = _manifest(stage.path, names, codec, source_model, tables)
         stage.commit()
     return FirstClassFolder(
         Path(output), [Path(output) / n for n in names], files,
@@ -140,7 +142,7 @@ def write_first_class(
 
 
 def _write_ggufs(
-    model: Path, folder: Path, quants: list[str], outtype: str, threads, bar
+    model: Path, folder: Path, quants: list[str], outtype: str, threads, bar, audio_tables
 ) -> list[str]:
     """Every requested type into folder: the quantized ones from one read by the direct
     engine, which also writes the f16/bf16 file when that is asked for."""
@@ -157,6 +159,7 @@ def _write_ggufs(
     done = quantize_checkpoint(
         Path(model), quantized, outtype, QuantizeSettings(threads=threads), None, folder,
         keep_intermediate=wants_float, force=True, progress=bar, first_class=True,
+        audio_tables=audio_tables,
     )  # fmt: skip
     return done.notes
 
@@ -172,7 +175,11 @@ def _link_or_copy(src: Path, dest: Path) -> None:
 
 
 def _manifest(
-    folder: Path, names: list[str], codec: AudioTokenizer | None, source_model: str
+    folder: Path,
+    names: list[str],
+    codec: AudioTokenizer | None,
+    source_model: str,
+    audio_tables: str | None,
 ) -> list[tuple[str, int]]:
     """manifest.json: what the folder is, and every file's size and sha256."""
     rels = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
@@ -186,6 +193,7 @@ def _manifest(
         "format": FORMAT,
         "source_model": source_model,
         "quant_types": {n: gguf_file_type(folder / n) for n in names},
+        "audio_tables_type": audio_tables,  # None: the quantizer's (each file's base type)
         "runtime": {"llama.cpp": FORK, "commit": FORK_COMMIT, "binary": "llama-moss-tts"},
         "audio_tokenizer": codec.source if codec is not None else None,
         "files": entries,
@@ -245,9 +253,12 @@ def read_manifest(folder: Path) -> dict | None:
 
 
 
-def run_first_class(settings, progress: ProgressReporter | None = None) -> FirstClassFolder:
+def run_first_class(
+    settings, progress: ProgressReporter | None = None, audio_tables: str | None = None
+) -> FirstClassFolder:
     """`all --format moss-tts-delay`: the codec and the model found, the folder written (or
-    found complete: a rerun only checks it), every GGUF in it checked."""
+    found complete: a rerun only checks it), every GGUF in it checked. ``audio_tables``:
+    --audio-tables-type (f16, bf16 or q8_0 tables in the quantized files)."""
     from .audio_tokenizer import resolve as resolve_codec
     from .checkpoint import open_checkpoint, resolve_model
     from .delay_read import check_first_class
@@ -257,9 +268,10 @@ def run_first_class(settings, progress: ProgressReporter | None = None) -> First
     output = Path(settings.output)
     quants = [parse_file_type(q) for q in settings.quants] or ["Q4_K_M"]
     _check_first_class_settings(settings)
+    parse_audio_tables_type(audio_tables)  # a bad value fails before any work
     started = time.perf_counter()
     names = gguf_names(quants)
-    if not settings.force and _complete(output, names):
+    if not settings.force and _complete(output, names, audio_tables):
         files = [(f["path"], f["size"]) for f in read_manifest(output)["files"]]
         folder = FirstClassFolder(output, [output / n for n in names], files, 0.0)
         folder.notes.append("already complete: checked, not written again")
@@ -275,6 +287,7 @@ def run_first_class(settings, progress: ProgressReporter | None = None) -> First
         folder = write_first_class(
             model, output, quants, settings.outtype, codec, settings.model,
             threads=settings.threads, force=settings.force, progress=bar,
+            audio_tables=audio_tables,
         )  # fmt: skip
     for path in folder.ggufs:
         check_first_class(path)
@@ -298,10 +311,13 @@ def _check_first_class_settings(settings) -> None:
         )
 
 
-def _complete(output: Path, names: list[str]) -> bool:
+def _complete(output: Path, names: list[str], audio_tables: str | None) -> bool:
     """A finished first-class folder of exactly these GGUFs (sizes as its manifest says)."""
     manifest = read_manifest(output)
     if manifest is None or sorted(manifest.get("quant_types") or {}) != sorted(names):
+        return False
+    wanted = audio_tables.strip().lower() if audio_tables else None
+    if manifest.get("audio_tables_type") != wanted:
         return False
     try:
         return all((output / f["path"]).stat().st_size == f["size"] for f in manifest["files"])

@@ -283,6 +283,10 @@ class GGUFPlan:
         """The header's writer (a dialect of the format overrides it)."""
         return build_writer(self)
 
+    def forced_type(self, name: str) -> QT | None:
+        """A type the user chose for this tensor over llama.cpp's choice (None: its choice)."""
+        return None
+
     def dry_run_plan(self) -> GGUFPlan:
         """The plan llama.cpp's quantizer is asked about: this one, unless the architecture
         is one the stock llama.cpp does not know."""

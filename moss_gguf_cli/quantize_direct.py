@@ -142,6 +142,8 @@ def plan_direct(
         targets = [
             _dry_run(stand_in, out, ftype, settings, imatrix, source) for out, ftype in outputs
         ]
+        for t in targets:  # the user's types over llama.cpp's (as llama-quantize --tensor-type)
+            t.types.update({n: int(q) for n in t.types if (q := source.forced_type(n)) is not None})
         order = [r.name for r in targets[0].rows]
         for t in targets[1:]:
             if [r.name for r in t.rows] != order:
@@ -586,17 +588,19 @@ def quantize_checkpoint(
     progress: ProgressReporter | None = None,
     pages: SourcePages | None = None,
     first_class: bool = False,
+    audio_tables: str | None = None,
 ) -> CheckpointQuantized:
     """The checkpoint's backbone, quantized to every (output, type) in one read.
 
     ``outtype`` auto rounds through f16 unless a tensor overflows it, then through bf16,
     as `all`'s two-pass path chooses its intermediate. ``first_class``: the whole model as
-    one moss-tts-delay GGUF (delay_gguf.py) instead of the backbone alone.
+    one moss-tts-delay GGUF (delay_gguf.py) instead of the backbone alone, its audio tables
+    in ``audio_tables`` (f16, bf16, q8_0) if given.
     """
     from .errors import NumericError
     from .gguf_write import OutType
 
-    plan_source = _source_planner(Path(model), first_class)
+    plan_source = _source_planner(Path(model), first_class, audio_tables)
     stem = "moss-tts-delay" if first_class else "backbone"
     notes: list[str] = []
     for kind in ("f16", "bf16") if outtype == "auto" else (outtype,):
@@ -616,12 +620,12 @@ def quantize_checkpoint(
     raise AssertionError("unreachable")
 
 
-def _source_planner(model: Path, first_class: bool):
+def _source_planner(model: Path, first_class: bool, audio_tables: str | None = None):
     """out type -> the plan of the GGUF the outputs are quantized from."""
     if first_class:
         from .delay_gguf import plan_delay
 
-        return lambda out_type: plan_delay(model, out_type)
+        return lambda out_type: plan_delay(model, out_type, audio_tables)
     from .convert import open_backbone, plan_native
     from .gguf_write import plan_tensors
 

@@ -227,3 +227,38 @@ def test_both_formats_in_one_run(tmp_path: Path) -> None:
     assert sha256_file(first) == GOLDEN["tiny"]["Q4_K_M"]
     checked = cli("verify", str(out))
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+# the fork's llama-quantize with --tensor-type token_embd_audio=T --tensor-type output_audio=T
+# on builtin:tiny's f16 file (commit and build as above), Q4_K_M
+AUDIO_TABLES_GOLDEN = {
+    "f16": "83cb72862a667bfac69ad160d3bd555eccf63fe3a66cdfc148c619a135755f90",
+    "bf16": "cae12485d4c33a2d1766e2a08d7d5e92492fc5210c23c7dfd6f2229018a81413",
+    "q8_0": "380ffbd7efd7a0006402fd8d69261e0b78a78008f4463b866d2038cc3e265655",
+}
+
+
+@pytest.mark.parametrize("tables", ["f16", "bf16", "q8_0"])
+def test_audio_tables_type(tables: str, tmp_path: Path) -> None:
+    out = tmp_path / "w"
+    done = cli("all", "--model", "builtin:tiny", "--output", str(out), "--format",
+               "moss-tts-delay", "--audio-tables-type", tables)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    q4 = out / "moss-tts-delay_q4_k_m.gguf"
+    assert sha256_file(q4) == AUDIO_TABLES_GOLDEN[tables]
+    from moss_gguf_cli.gguf_read import inspect_gguf
+
+    types = {n: t.type for n, t in inspect_gguf(q4).tensors.items()}
+    assert types["output_audio.3.weight"] == types["token_embd_audio.0.weight"] == tables.upper()
+    assert types["blk.0.attn_q.weight"] == "Q4_K"
+    assert json.loads((out / "manifest.json").read_text())["audio_tables_type"] == tables
+
+
+def test_audio_tables_type_refusals(tmp_path: Path) -> None:
+    bad = cli("all", "--model", "builtin:tiny", "--output", str(tmp_path / "w"), "--format",
+              "moss-tts-delay", "--audio-tables-type", "q4_k")  # fmt: skip
+    assert bad.returncode == 2 and "unknown audio tables type 'q4_k'" in bad.stderr
+    alone = cli("all", "--model", "builtin:tiny", "--output", str(tmp_path / "w"),
+                "--audio-tables-type", "f16")  # fmt: skip
+    assert alone.returncode == 2 and "first-class format only" in alone.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -38,6 +38,10 @@ EXAMPLES = """
       --quant Q4_K_M --quant F16
   [dim](first-class GGUFs for OpenMOSS's llama.cpp fork, llama-moss-tts)[/dim]
 
+  moss-gguf all --model builtin:tiny --output w --format moss-tts-delay \\
+      --audio-tables-type f16
+  [dim](Q4_K_M backbone, audio embeddings and heads kept in f16)[/dim]
+
 Several --quant types cost one read of the checkpoint: the direct engine writes them all in
 one pass, with no intermediate GGUF on disk. --format moss-tts-delay writes the first-class
 GGUF instead (F16/BF16 are its unquantized files); with --format backend too, that folder
@@ -108,6 +112,13 @@ def all_command(
             "moss-tts-delay (first-class GGUF for OpenMOSS's llama.cpp fork); repeatable.",
         ),
     ] = None,
+    audio_tables_type: Annotated[
+        str | None,
+        typer.Option(
+            help="With --format moss-tts-delay: keep the 2 x n_vq audio tables in f16, bf16 or "
+            "q8_0 in the quantized files (default: their base type, as llama-quantize does).",
+        ),
+    ] = None,
     keep_intermediate: Annotated[
         bool, typer.Option(help="Keep the extracted backbone safetensors and the f16/bf16 GGUF.")
     ] = False,
@@ -142,16 +153,21 @@ def all_command(
         threads=threads,
     )
     formats = parse_formats(fmt)
+    if audio_tables_type is not None and FORMAT not in formats:
+        raise UsageError(
+            "--audio-tables-type applies to the first-class format only",
+            hint=f"add --format {FORMAT}",
+        )
     if formats == [FORMAT]:
         with progress_for(mode) as bar:
-            folder = run_first_class(settings, progress=bar)
+            folder = run_first_class(settings, progress=bar, audio_tables=audio_tables_type)
         _first_class_summary(folder, mode, quiet)
         return
     with progress_for(mode) as bar:
         result = run_all(settings, progress=bar)
         if FORMAT in formats:
             sub = replace(settings, output=Path(settings.output) / FORMAT)
-            folder = run_first_class(sub, progress=bar)
+            folder = run_first_class(sub, progress=bar, audio_tables=audio_tables_type)
     if not quiet:
         _summary(result, mode)
     else:
