@@ -199,7 +199,7 @@ def build_delay_writer(plan: DelayPlan) -> gguf.GGUFWriter:
     plan.metadata.set_gguf_meta_model(w)
     _add_backbone_keys(w, hp, plan.params, plan.outtype)
     for key in MOSS_KEYS:
-        w.add_uint32(f"{ARCH_NAME}.{key}", int(_moss_value(hp, key)))
+        w.add_uint32(f"{ARCH_NAME}.{key}", int(moss_value(hp, key)))
     if hp.get("sampling_rate") is not None:
         w.add_uint32(f"{ARCH_NAME}.sampling_rate", int(hp["sampling_rate"]))
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -207,7 +207,7 @@ def build_delay_writer(plan: DelayPlan) -> gguf.GGUFWriter:
     return w
 
 
-def _moss_value(hp: dict[str, Any], key: str) -> Any:
+def moss_value(hp: dict[str, Any], key: str) -> Any:
     from .checkpoint import MossConfig
 
     if hp.get(key) is not None:

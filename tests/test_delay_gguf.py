@@ -153,6 +153,17 @@ def test_all_writes_a_first_class_folder(tmp_path: Path) -> None:
     assert again.returncode == 0, again.stderr
     assert "already complete" in again.stderr
     assert (out / "manifest.json").read_text() == json.dumps(manifest, indent=2) + "\n"
+    checked = cli("verify", str(out), "--source", "builtin:tiny")
+    assert checked.returncode == 0, checked.stdout
+    assert "keys vs source" in checked.stdout and "first-class header" in checked.stdout
+    other = cli("verify", str(out), "--source", "builtin:tiny-ttsd")  # n_vq 16: not its source
+    assert other.returncode == 1 and "n_vq = 32, the source says 16" in " ".join(
+        other.stdout.split()
+    )
+    q4.write_bytes(q4.read_bytes()[:-100])  # damaged after the fact: the manifest says so
+    damaged = cli("verify", str(out))
+    said = " ".join(damaged.stdout.split())
+    assert damaged.returncode == 1 and "bytes, listed" in said and "truncated GGUF" in said
 
 
 def test_convert_cli_and_its_refusals(tmp_path: Path) -> None:
@@ -215,6 +226,9 @@ def test_a_broken_first_class_file_is_refused(how, words, tiny_model, tmp_path) 
     with pytest.raises(InputError, match=words) as err:
         check_first_class(bad)
     assert Path(err.value.path) == bad and "\n" not in str(err.value)
+    checked = cli("verify", str(bad))  # verify knows the format: a failing row, exit 1
+    assert checked.returncode == 1 and "first-class header" in checked.stdout
+    assert words.split()[0] in " ".join(checked.stdout.split())
 
 
 def test_both_formats_in_one_run(tmp_path: Path) -> None:
