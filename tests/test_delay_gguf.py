@@ -276,3 +276,21 @@ def test_audio_tables_type_refusals(tmp_path: Path) -> None:
                 "--audio-tables-type", "f16")  # fmt: skip
     assert alone.returncode == 2 and "first-class format only" in alone.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_all_model_on_a_first_class_file_says_what_it_is(tiny_model: Path, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    convert_first_class(tiny_model, repo / "moss-tts-delay_f16.gguf", "f16")
+    done = cli("all", "--model", str(repo), "--output", str(tmp_path / "w"))
+    assert done.returncode == 2
+    line = done.stderr.strip()
+    assert len(line.splitlines()) == 1 and "first-class moss-tts-delay GGUF" in line
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    _damage(repo / "moss-tts-delay_f16.gguf", "head", broken)  # broken/head.gguf
+    done = cli("all", "--model", str(broken), "--output", str(tmp_path / "w"))
+    line = done.stderr.strip()
+    assert done.returncode != 0 and len(line.splitlines()) == 1, line
+    assert "31 audio heads" in line and "head.gguf" in line
+    assert not (tmp_path / "w").exists()
