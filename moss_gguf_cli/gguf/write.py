@@ -279,6 +279,19 @@ class GGUFPlan:
     def tensor_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors)
 
+    def writer(self) -> gguf.GGUFWriter:
+        """The header's writer (a dialect of the format overrides it)."""
+        return build_writer(self)
+
+    def forced_type(self, name: str) -> QT | None:
+        """A type the user chose for this tensor over llama.cpp's choice (None: its choice)."""
+        return None
+
+    def dry_run_plan(self) -> GGUFPlan:
+        """The plan llama.cpp's quantizer is asked about: this one, unless the architecture
+        is one the stock llama.cpp does not know."""
+        return self
+
 
 def build_writer(plan: GGUFPlan) -> gguf.GGUFWriter:
     """A GGUFWriter holding every key/value and tensor info, in llama.cpp's order."""
@@ -311,7 +324,7 @@ def write_header(path: Path, plan: GGUFPlan) -> tuple[int, int, int]:
     """Write the plan's header (key/values and tensor infos) to a new file at path.
 
     Returns (header bytes, data alignment, the size the whole file will have)."""
-    writer = build_writer(plan)
+    writer = plan.writer()
     writer.write_header_to_file(path=Path(path))
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()

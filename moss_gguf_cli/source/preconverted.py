@@ -90,6 +90,16 @@ def classify_gguf(source: str, path: Path) -> None:
         raise _refuse(source, f"a MOSS-TTS-Local GGUF (architecture {info.architecture})")
     if any(re.search(r"(codec|quantizer|acoustic|audio_tokenizer)", n) for n in names):
         raise _refuse(source, "a GGUF bundling the audio codec")
+    if arch == "moss-tts-delay" and any(n.startswith("token_embd_audio.") for n in names):
+        from ..gguf.delay_read import check_first_class
+
+        check_first_class(path)  # a broken one: the one line that says what is wrong
+        raise UnsupportedModelError(
+            f"{source} holds a first-class moss-tts-delay GGUF (OpenMOSS's llama.cpp fork); "
+            "reading it back into the llama.cpp-backend layout is not supported yet",
+            hint="run it with the fork's llama-moss-tts, or convert the safetensors "
+            "checkpoint (OpenMOSS-Team/MOSS-TTS) with `all`",
+        )
     if any(re.search(r"(emb_ext|lm_heads?\.|audio_emb|audio_head)", n) for n in names):
         raise _refuse(source, "a single-file MOSS GGUF with the tables inside")
     if arch != "qwen3":
