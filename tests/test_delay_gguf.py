@@ -5,7 +5,7 @@ own deterministic checkpoints with the fork itself:
 
   fork: https://github.com/expectqwq/llama.cpp  commit 7d26f9138947778ff471e278eb5a148c70777633
   built: cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF
-         (+ python -m moss_gguf_cli.cpu_features --cmake-args); cmake --build build
+         (+ python -m moss_gguf_cli.native.cpu_features --cmake-args); cmake --build build
          --target llama-quantize llama-moss-tts
   converter: PYTHONPATH=gguf-py python convert_hf_to_gguf.py MODEL --outtype f16|bf16
              --outfile fork_f16.gguf   (transformers 5.25.0, torch 2.13.0)
@@ -13,7 +13,7 @@ own deterministic checkpoints with the fork itself:
 
 MODEL is builtin:tiny (it lives at $MOSS_GGUF_CACHE/builtin/tiny-v3) and the "odd"
 checkpoint below (rows of 320 and 832: no K-quant fits, llama.cpp's fallbacks), written by
-moss_gguf_cli.tiny.write_tiny into a folder named `model`. The folder's name matters: the
+moss_gguf_cli.source.tiny.write_tiny into a folder named `model`. The folder's name matters: the
 converter derives general.name/version/basename from it (gguf's model-card heuristics).
 A change to tiny.py (BUILDER_VERSION) or to the tokenizer it copies changes these values;
 they are then made again with the commands above.
@@ -276,21 +276,3 @@ def test_audio_tables_type_refusals(tmp_path: Path) -> None:
                 "--audio-tables-type", "f16")  # fmt: skip
     assert alone.returncode == 2 and "first-class format only" in alone.stderr
     assert list(tmp_path.iterdir()) == []
-
-
-def test_all_model_on_a_first_class_file_says_what_it_is(tiny_model: Path, tmp_path: Path) -> None:
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    convert_first_class(tiny_model, repo / "moss-tts-delay_f16.gguf", "f16")
-    done = cli("all", "--model", str(repo), "--output", str(tmp_path / "w"))
-    assert done.returncode == 2
-    line = done.stderr.strip()
-    assert len(line.splitlines()) == 1 and "first-class moss-tts-delay GGUF" in line
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    _damage(repo / "moss-tts-delay_f16.gguf", "head", broken)  # broken/head.gguf
-    done = cli("all", "--model", str(broken), "--output", str(tmp_path / "w"))
-    line = done.stderr.strip()
-    assert done.returncode != 0 and len(line.splitlines()) == 1, line
-    assert "31 audio heads" in line and "head.gguf" in line
-    assert not (tmp_path / "w").exists()
