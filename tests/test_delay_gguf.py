@@ -140,6 +140,8 @@ def test_all_writes_a_first_class_folder(tmp_path: Path) -> None:
     assert sha256_file(f16) == GOLDEN["tiny"]["F16"]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["format"] == "moss-tts-delay"
+    assert manifest["made_from"]["format"] == "moss-tts-delay"
+    assert manifest["made_from"]["source"] == {"model": "builtin:tiny"}
     assert manifest["quant_types"] == {q4.name: "MOSTLY_Q4_K_M", f16.name: "MOSTLY_F16"}
     listed = {f["path"]: f for f in manifest["files"]}
     assert {"tokenizer/tokenizer.json", "audio_tokenizer/decoder.onnx", "README.md"} <= set(listed)

@@ -27,8 +27,10 @@ from ..gguf.delay import FORMAT, parse_audio_tables_type, plan_delay
 from ..gguf.write import OutType, write_gguf
 from ..progress import ProgressReporter, ensure
 from ..source.audio_tokenizer import AudioTokenizer
+from ..source.audio_tokenizer import default_source as default_codec
 from ..source.checkpoint import TOKENIZER_FILES
 from .layout import audio_tokenizer_files, gguf_file_type
+from .made_from import MadeFrom, source_identity
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +113,7 @@ def write_first_class(
     force: bool = False,
     progress: ProgressReporter | None = None,
     audio_tables: str | None = None,
+    made_from: MadeFrom | None = None,
 ) -> FirstClassFolder:
     """A first-class folder at output: every type in one read of the checkpoint, then the
     tokenizer, the codec, README.md and manifest.json; renamed into place when complete."""
@@ -133,7 +136,7 @@ def write_first_class(
         names = gguf_names(quants)
         (stage.path / README_NAME).write_text(readme(names, codec is not None))
         tables = audio_tables.strip().lower() if audio_tables else None
-        files = _manifest(stage.path, names, codec, source_model, tables)
+        files = _manifest(stage.path, names, codec, source_model, tables, made_from)
         stage.commit()
     return FirstClassFolder(
         Path(output), [Path(output) / n for n in names], files,
@@ -180,6 +183,7 @@ def _manifest(
     codec: AudioTokenizer | None,
     source_model: str,
     audio_tables: str | None,
+    made_from: MadeFrom | None = None,
 ) -> list[tuple[str, int]]:
     """manifest.json: what the folder is, and every file's size and sha256."""
     rels = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
@@ -197,6 +201,7 @@ def _manifest(
         "audio_tables_type": audio_tables,  # None: the quantizer's (each file's base type)
         "runtime": {"llama.cpp": FORK, "commit": FORK_COMMIT, "binary": "llama-moss-tts"},
         "audio_tokenizer": codec.source if codec is not None else None,
+        "made_from": made_from.to_json() if made_from is not None else None,
         "files": entries,
     }
     (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -288,12 +293,23 @@ def run_first_class(
         folder = write_first_class(
             model, output, quants, settings.outtype, codec, settings.model,
             threads=settings.threads, force=settings.force, progress=bar,
-            audio_tables=audio_tables,
+            audio_tables=audio_tables, made_from=_made_from(settings, model),
         )  # fmt: skip
     for path in folder.ggufs:
         check_first_class(path)
     folder.seconds = time.perf_counter() - started
     return folder
+
+
+def _made_from(settings, model: Path) -> MadeFrom:
+    """What the folder is made from, as the backend folder records it; its format (the audio
+    tables' type is the manifest's audio_tables_type)."""
+    codec = settings.audio_tokenizer or ("builtin" if settings.model.startswith("builtin:")
+                                         else default_codec(builtin=False, sampling_rate=None))
+    if settings.audio_tokenizer_revision:
+        codec = f"{codec}@{settings.audio_tokenizer_revision}"
+    return MadeFrom(source=source_identity(settings.model, model), outtype=settings.outtype,
+                    codec=str(codec), format=FORMAT)  # fmt: skip
 
 
 def _check_first_class_settings(settings) -> None:
