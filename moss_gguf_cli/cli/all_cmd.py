@@ -43,6 +43,9 @@ EXAMPLES = """
       --audio-tables-type f16
   [dim](Q4_K_M backbone, audio embeddings and heads kept in f16)[/dim]
 
+  moss-gguf all --model w/moss-tts-delay_q4_k_m.gguf --output w-backend
+  [dim](a first-class GGUF, folder or Hub repo read back into the layout synth speaks)[/dim]
+
 Several --quant types cost one read of the checkpoint: the direct engine writes them all in
 one pass, with no intermediate GGUF on disk. --format moss-tts-delay writes the first-class
 GGUF instead (F16/BF16 are its unquantized files); with --format backend too, that folder

@@ -23,7 +23,7 @@ import numpy as np
 from .. import __version__
 from ..disk.layout_names import EMBEDDING_DIR, LM_HEAD_DIR, META_NAME, TOKENIZER_DIR
 from ..errors import InputError, UsageError
-from ..gguf.delay import ARCH_NAME
+from ..gguf.delay import ARCH_NAME, AUDIO_EMBD
 from ..gguf.delay_read import (
     EXACT_TYPES,
     FirstClassFacts,
@@ -65,11 +65,15 @@ class FirstClassInput:
 
 
 def is_first_class(path: Path) -> bool:
-    """Whether the file's header names the first-class architecture (a broken header: no)."""
+    """Whether the file is meant as a first-class GGUF: the architecture and its audio tensors
+    (other MOSS GGUFs of that architecture name are look-alikes preconverted.py refuses), or a
+    header too broken to read in a file named for the format (its check then says what is
+    wrong)."""
     try:
-        return read_gguf(path).arch == ARCH_NAME
+        g = read_gguf(path)
     except (GgufFormatError, OSError):
         return path.name.endswith(".gguf") and ARCH_NAME in path.name
+    return g.arch == ARCH_NAME and any(n.startswith(f"{AUDIO_EMBD}.") for n in g.tensors)
 
 
 def _choose(model: str, ggufs: list[str], quants: list[str]) -> str:
