@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +11,8 @@ from rich.table import Table
 
 from ..disk.staging import human_bytes
 from ..errors import UsageError
+from ..gguf.delay import FORMAT
+from ..pipeline.first_class import FirstClassFolder, parse_formats, run_first_class
 from ..pipeline.recipes import Recipe, load_recipe
 from ..pipeline.run import AllResult, AllSettings, run_all
 from ..quantize.engines import Engine
@@ -32,8 +35,21 @@ EXAMPLES = """
 
   moss-gguf all --config configs/recipes/MOSS-TTS-Q4_K_M.yaml --output weights/MOSS-TTS-Q4_K_M
 
+  moss-gguf all --model OpenMOSS-Team/MOSS-TTS --output w --format moss-tts-delay \\
+      --quant Q4_K_M --quant F16
+  [dim](first-class GGUFs for OpenMOSS's llama.cpp fork, llama-moss-tts)[/dim]
+
+  moss-gguf all --model builtin:tiny --output w --format moss-tts-delay \\
+      --audio-tables-type f16
+  [dim](Q4_K_M backbone, audio embeddings and heads kept in f16)[/dim]
+
+  moss-gguf all --model w/moss-tts-delay_q4_k_m.gguf --output w-backend
+  [dim](a first-class GGUF, folder or Hub repo read back into the layout synth speaks)[/dim]
+
 Several --quant types cost one read of the checkpoint: the direct engine writes them all in
-one pass, with no intermediate GGUF on disk. An interrupted run resumes where it stopped
+one pass, with no intermediate GGUF on disk. --format moss-tts-delay writes the first-class
+GGUF instead (F16/BF16 are its unquantized files); with --format backend too, that folder
+goes into OUTPUT/moss-tts-delay/. An interrupted run resumes where it stopped
 when run again; --force starts over.
 """
 
@@ -92,6 +108,21 @@ def all_command(
     audio_tokenizer_revision: Annotated[
         str | None, typer.Option(help="Hub revision of --audio-tokenizer.")
     ] = None,
+    fmt: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--format",
+            help="backend (Qwen3 GGUF + .npy tables, synth speaks it; default) or "
+            "moss-tts-delay (first-class GGUF for OpenMOSS's llama.cpp fork); repeatable.",
+        ),
+    ] = None,
+    audio_tables_type: Annotated[
+        str | None,
+        typer.Option(
+            help="With --format moss-tts-delay: keep the 2 x n_vq audio tables in f16, bf16 or "
+            "q8_0 in the quantized files (default: their base type, as llama-quantize does).",
+        ),
+    ] = None,
     keep_intermediate: Annotated[
         bool, typer.Option(help="Keep the extracted backbone safetensors and the f16/bf16 GGUF.")
     ] = False,
@@ -125,12 +156,28 @@ def all_command(
         audio_tokenizer_revision=audio_tokenizer_revision or r.audio_tokenizer_revision,
         threads=threads,
     )
+    formats = parse_formats(fmt)
+    if audio_tables_type is not None and FORMAT not in formats:
+        raise UsageError(
+            "--audio-tables-type applies to the first-class format only",
+            hint=f"add --format {FORMAT}",
+        )
+    if formats == [FORMAT]:
+        with progress_for(mode) as bar:
+            folder = run_first_class(settings, progress=bar, audio_tables=audio_tables_type)
+        _first_class_summary(folder, mode, quiet)
+        return
     with progress_for(mode) as bar:
         result = run_all(settings, progress=bar)
+        if FORMAT in formats:
+            sub = replace(settings, output=Path(settings.output) / FORMAT)
+            folder = run_first_class(sub, progress=bar, audio_tables=audio_tables_type)
     if not quiet:
         _summary(result, mode)
     else:
         typer.echo(str(result.config))
+    if FORMAT in formats:
+        _first_class_summary(folder, mode, quiet)
     if not result.speaks:
         # the last line, also with --quiet: the folder is complete but cannot speak yet
         stdout.print(
@@ -164,3 +211,23 @@ def _summary(result: AllResult, mode: OutputMode) -> None:
         stdout.print(
             f'try: moss-gguf synth --config {result.config} --text "Hello" --output hello.wav'
         )
+
+
+def _first_class_summary(folder: FirstClassFolder, mode: OutputMode, quiet: bool) -> None:
+    """The first-class folder's GGUFs and the fork's command that loads one."""
+    if quiet:
+        typer.echo(str(folder.output))
+        return
+    files = Table(title=f"{folder.output} ({FORMAT})", title_justify="left")
+    files.add_column("file")
+    files.add_column("size", justify="right")
+    for g in folder.ggufs:
+        files.add_row(g.name, human_bytes(next(s for p, s in folder.files if p == g.name)))
+    stdout.print(files)
+    for note in folder.notes:
+        info(mode, f"note: {note}")
+    stdout.print(
+        f"run it with OpenMOSS's llama.cpp fork (see {folder.output / 'README.md'}): "
+        f"llama-moss-tts -m {folder.ggufs[0]} --print-delay-config",
+        soft_wrap=True,
+    )

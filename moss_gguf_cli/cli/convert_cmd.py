@@ -8,7 +8,10 @@ from typing import Annotated
 import typer
 
 from ..disk.staging import human_bytes
+from ..errors import UsageError
+from ..gguf.delay import FORMAT
 from ..pipeline.convert import convert
+from ..pipeline.first_class import convert_first_class, parse_formats
 from ..source.checkpoint import BUILTIN_PREFIX, resolve_model
 from ._command import command
 from ._options import Force, LlamaCppDir, Quiet, Verbose
@@ -27,12 +30,20 @@ EXAMPLES = """
   moss-gguf convert extracted -o backbone_f16.gguf --engine llama.cpp
   [dim](runs convert_hf_to_gguf.py from --llama-cpp DIR or $LLAMA_CPP_DIR)[/dim]
 
+  moss-gguf convert /path/to/MOSS-TTS -o moss-tts-delay_f16.gguf --format moss-tts-delay
+  [dim](the whole model as one first-class GGUF for OpenMOSS's llama.cpp fork)[/dim]
+
 [b]INPUT[/b] is an extracted qwen3_backbone/ folder, a whole extract output folder, a \
 MOSS-TTS checkpoint folder, or builtin:tiny.
 
 [b]Engines[/b]: [i]native[/i] (default) streams the GGUF itself, with the tensors, types \
 and metadata of llama.cpp's converter and without llama.cpp, torch or transformers; \
 [i]llama.cpp[/i] runs DIR/convert_hf_to_gguf.py from --llama-cpp DIR or $LLAMA_CPP_DIR.
+
+[b]Formats[/b]: [i]backend[/i] (default) is the Qwen3 backbone alone, for the llama.cpp \
+backend beside the .npy tables; [i]moss-tts-delay[/i] is the first-class GGUF of OpenMOSS's \
+llama.cpp fork (llama-moss-tts): backbone, audio embeddings and heads in one file, byte for \
+byte as the fork's converter writes it (INPUT: a MOSS-TTS checkpoint; native engine).
 """
 
 
@@ -60,12 +71,22 @@ def convert_command(
         str, typer.Option("--engine", help="native (default) or llama.cpp.")
     ] = "native",
     llama_cpp: LlamaCppDir = None,
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="backend (the Qwen3 backbone; default) or moss-tts-delay (first-class).",
+        ),
+    ] = "backend",
     force: Force = False,
     quiet: Quiet = False,
     verbose: Verbose = False,
 ) -> None:
     mode = OutputMode(quiet=quiet, verbose=verbose)
     setup_logging(mode)
+    if parse_formats([fmt]) == [FORMAT]:
+        _first_class(input, outfile, outtype, engine, force, mode)
+        return
     with progress_for(mode) as bar:
         source = resolve_model(input) if input.startswith(BUILTIN_PREFIX) else Path(input)
         result = convert(
@@ -85,3 +106,23 @@ def convert_command(
         f"in {result.seconds:.1f} s",
     )
     typer.echo(str(result.outfile))
+
+
+def _first_class(
+    input: str, outfile: Path, outtype: str, engine: str, force: bool, mode: OutputMode
+) -> None:
+    if engine != "native":
+        raise UsageError(
+            f"--format {FORMAT} is written by the native engine only",
+            hint="the stock llama.cpp converter does not know the architecture; drop --engine",
+        )
+    with progress_for(mode) as bar:
+        model = resolve_model(input) if input.startswith(BUILTIN_PREFIX) else Path(input)
+        r = convert_first_class(model, outfile, outtype, force=force, progress=bar)
+    types = ", ".join(f"{n} {name}" for name, n in sorted(r.tensor_types.items()))
+    info(
+        mode,
+        f"converted to a {FORMAT} {r.outtype} GGUF: {r.n_tensors} tensors ({types}), "
+        f"{human_bytes(r.bytes_written)} in {r.seconds:.1f} s",
+    )
+    typer.echo(str(r.outfile))

@@ -280,7 +280,7 @@ class GgufInfo:
 _REWRITE = "the file is incomplete; convert or copy it again"
 
 
-def _input_error(path: Path, exc: GgufFormatError) -> InputError:
+def header_input_error(path: Path, exc: GgufFormatError) -> InputError:
     """A header problem as the one-line error a GGUF input gets (quantize, layout, `all`)."""
     if exc.kind == "magic":
         return InputError(
@@ -319,7 +319,7 @@ def inspect_gguf(path: Path) -> GgufInfo:
     try:
         g = read_gguf(path)
     except GgufFormatError as exc:
-        raise _input_error(path, exc) from None
+        raise header_input_error(path, exc) from None
     info = GgufInfo(
         path=path,
         version=g.version,

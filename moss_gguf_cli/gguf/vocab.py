@@ -164,7 +164,11 @@ def pre_tokenizer_name(tok: Any, path: Path) -> str:
 
 
 def _add_token_flags(
-    post: dict[str, Any], tokenizer_config: dict[str, Any], types: Iterable[str], path: Path
+    post: dict[str, Any],
+    tokenizer_config: dict[str, Any],
+    types: Iterable[str],
+    path: Path,
+    byte_level_adds: bool = True,
 ) -> dict[str, bool]:
     """add_bos/add_eos/... as the pinned gguf-py decides them.
 
@@ -181,8 +185,9 @@ def _add_token_flags(
                     path=path,
                     hint=ENGINE_HINT,
                 )
-            flags.setdefault("bos", False)
-            flags.setdefault("eos", False)
+            if byte_level_adds:
+                flags.setdefault("bos", False)
+                flags.setdefault("eos", False)
     for typ in types:
         value = tokenizer_config.get(f"add_{typ}_token")
         if isinstance(value, bool) and typ not in flags:
@@ -283,11 +288,15 @@ def _tokens_and_types(
     return tokens, toktypes
 
 
-def read_vocab(tokenizer_dir: Path, config: dict[str, Any], vocab_size: int) -> Vocab:
+def read_vocab(
+    tokenizer_dir: Path, config: dict[str, Any], vocab_size: int, byte_level_adds: bool = True
+) -> Vocab:
     """Tokens, token types, pre-tokenizer and special vocab, as llama.cpp writes them.
 
     ``config`` is the backbone's config: the special token ids come from it, not from
     tokenizer_dir/config.json (a MOSS source folder's config.json is the MOSS config).
+    ``byte_level_adds`` False: the add_* flags as gguf-py 0.18 (OpenMOSS's llama.cpp fork)
+    decides them, from tokenizer_config alone; it does not read a byte-level post-processor.
     """
     tokenizer_dir = Path(tokenizer_dir)
     tok, tokenizer_config, tj_path = _load_tokenizer(tokenizer_dir)
@@ -295,8 +304,9 @@ def read_vocab(tokenizer_dir: Path, config: dict[str, Any], vocab_size: int) -> 
     tokens, toktypes = _tokens_and_types(tok, tokenizer_config, vocab_size, tj_path)
     special = _BackboneSpecialVocab(tokenizer_dir, config)
     special.add_special_token = _add_token_flags(
-        _state(tok.post_processor), tokenizer_config, special.special_token_types, tj_path
-    )
+        _state(tok.post_processor), tokenizer_config, special.special_token_types, tj_path,
+        byte_level_adds,
+    )  # fmt: skip
     if not special.merges:
         raise InputError("tokenizer has no BPE merges", path=tj_path)
     return Vocab(tokens, toktypes, pre, special)

@@ -182,7 +182,7 @@ def tensor_qtype(gguf_name: str, shape: tuple[int, ...], outtype: OutType) -> QT
     return qtype
 
 
-def _block_order(name: str) -> tuple[int, int, int, str]:
+def block_order(name: str) -> tuple[int, int, int, str]:
     """Order: token_embd, blocks by number (tensors in forward order), output_norm, output."""
     parts = name.split(".")
     if parts[0] == "blk":
@@ -254,7 +254,7 @@ def plan_tensors(
             raise UnsupportedModelError(f"no GGUF name for tensor {hf_name!r}", hint=ENGINE_HINT)
         src = sources[hf_name]
         planned.append(GGUFTensor(new, tensor_qtype(new, src.shape, outtype), src))
-    planned.sort(key=lambda t: _block_order(t.name))
+    planned.sort(key=lambda t: block_order(t.name))
     return planned
 
 
@@ -279,6 +279,23 @@ class GGUFPlan:
     def tensor_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors)
 
+    def writer(self) -> gguf.GGUFWriter:
+        """The header's writer (a dialect of the format overrides it)."""
+        return build_writer(self)
+
+    def forced_type(self, name: str) -> QT | None:
+        """A type the user chose for this tensor over llama.cpp's choice (None: its choice)."""
+        return None
+
+    def file_type(self) -> int:
+        """general.file_type (a plan over tensors already typed says theirs)."""
+        return self.outtype.file_type
+
+    def dry_run_plan(self) -> GGUFPlan:
+        """The plan llama.cpp's quantizer is asked about: this one, unless the architecture
+        is one the stock llama.cpp does not know."""
+        return self
+
 
 def build_writer(plan: GGUFPlan) -> gguf.GGUFWriter:
     """A GGUFWriter holding every key/value and tensor info, in llama.cpp's order."""
@@ -298,7 +315,7 @@ def build_writer(plan: GGUFPlan) -> gguf.GGUFWriter:
     w.add_layer_norm_rms_eps(hp.rms_eps)
     w.add_key_length(hp.head_dim)
     w.add_value_length(hp.head_dim)
-    w.add_file_type(plan.outtype.file_type)
+    w.add_file_type(plan.file_type())
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     plan.vocab.add_to(w)
     for t in plan.tensors:
@@ -311,7 +328,7 @@ def write_header(path: Path, plan: GGUFPlan) -> tuple[int, int, int]:
     """Write the plan's header (key/values and tensor infos) to a new file at path.
 
     Returns (header bytes, data alignment, the size the whole file will have)."""
-    writer = build_writer(plan)
+    writer = plan.writer()
     writer.write_header_to_file(path=Path(path))
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()

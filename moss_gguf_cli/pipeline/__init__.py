@@ -1,6 +1,7 @@
 """`all` and its steps: the run (run: resolve, the steps in order, finish), the steps as
 plan/run pairs and the run's context (steps), and the step bodies: extract, convert, layout;
-conversion recipes (`all --config`, recipes).
+conversion recipes (`all --config`, recipes); the first-class moss-tts-delay folder
+(first_class: `convert/all --format moss-tts-delay`; from_first_class: `all --model` on one).
 
 May import: verify/, doctor/ and every room below them (tts/, quantize/, gguf/, source/,
 disk/, native/, the top level); never cli/.

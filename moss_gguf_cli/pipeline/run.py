@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..disk.digests import HashRecord
-from ..disk.layout_names import CONFIG_NAME, MANIFEST_NAME, META_NAME
+from ..disk.layout_names import AUDIO_TOKENIZER_DIR, CONFIG_NAME, MANIFEST_NAME, META_NAME
 from ..disk.staging import human_bytes
 from ..errors import InputError, OutputError, UsageError
 from ..progress import ProgressReporter, ensure
@@ -39,6 +39,7 @@ from ..source.hub import is_repo_id
 from ..source.hub import locate as locate_repo
 from ..source.preconverted import GgufRepo, choose, derive_meta, fetch, recognise, write_meta
 from ..source.tables import npy_jobs
+from .from_first_class import FirstClassInput, find_first_class, unpack
 from .layout import Placement, arrange, audio_tokenizer_files
 from .made_from import (
     RECORD_NAME,
@@ -69,7 +70,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "STEPS", "AllResult", "AllSettings", "StepResult",
-    "plan_bytes", "run_all", "run_preconverted", "work_dir",
+    "plan_bytes", "run_all", "run_from_first_class", "run_preconverted", "work_dir",
 ]  # fmt: skip
 
 
@@ -130,6 +131,11 @@ def run_all(
     """Run every step that is not already complete; return what was made and how long it took."""
     bar = ensure(progress)
     if not settings.model.startswith("builtin:"):
+        first = find_first_class(
+            settings.model, settings.quants, settings.revision, settings.cache_dir, bar
+        )
+        if first is not None:
+            return run_from_first_class(settings, first, bar)
         repo = recognise(settings.model, settings.revision, settings.cache_dir)
         if repo is not None:
             return run_preconverted(settings, repo, bar)
@@ -483,3 +489,54 @@ def _arrange_preconverted(
     finally:
         shutil.rmtree(meta_path.parent, ignore_errors=True)
     return len(r.entries)
+
+
+# --------------------------------------------------------------------------- first-class
+
+
+def run_from_first_class(
+    settings: AllSettings, fc: FirstClassInput, progress: ProgressReporter | None = None
+) -> AllResult:
+    """`all` on a first-class moss-tts-delay GGUF: checked, taken apart (from_first_class.py),
+    laid out as the backend layout, verified."""
+    bar = ensure(progress)
+    output = Path(settings.output)
+    record = HashRecord()
+    asked = settings.audio_tokenizer
+    beside = fc.gguf.parent / AUDIO_TOKENIZER_DIR
+    if asked is None and beside.is_dir():
+        asked = str(beside)  # the codec `all --format moss-tts-delay` put beside the GGUF
+    codec_asked = asked or default_codec(builtin=False, sampling_rate=None)
+    if settings.audio_tokenizer_revision:
+        codec_asked = f"{codec_asked}@{settings.audio_tokenizer_revision}"
+    made_from = MadeFrom(source=fc.source, outtype="as published", codec=str(codec_asked),
+                         synth=dict(settings.synth))  # fmt: skip
+    steps: list[StepResult] = []
+    if not settings.force:
+        _refuse_other_output(output, "this first-class GGUF")
+    codec = resolve_codec(
+        asked, builtin=False, revision=settings.audio_tokenizer_revision,
+        cache_dir=settings.cache_dir, progress=bar,
+    )  # fmt: skip
+    t = time.perf_counter()
+    unpacked = unpack(fc, output, bar)
+    try:
+        steps.append(StepResult("extract", "done", time.perf_counter() - t,
+                                f"{fc.gguf.name}: tables {unpacked.meta['first_class']['tables']}"))
+        t = time.perf_counter()
+        items = unpacked.items + (audio_tokenizer_files(codec) if codec is not None else [])
+        r = arrange(
+            items, unpacked.meta, unpacked.names, output, codec=codec, source_model=fc.model,
+            synth_overrides=settings.synth or None, made_from=made_from, source_check=fc.checked,
+            force=settings.force, progress=bar, record=record,
+        )  # fmt: skip
+        took = time.perf_counter() - t
+        steps.append(StepResult("layout", "done", took, f"{len(r.entries)} files"))
+    finally:
+        shutil.rmtree(unpacked.work, ignore_errors=True)
+    t = time.perf_counter()
+    report, detail = verify_folder(output, bar, record)
+    steps.append(StepResult("verify", "done", time.perf_counter() - t, detail))
+    config, files, speaks = _manifest_summary(output)
+    ggufs = [output / n for n in unpacked.names]
+    return AllResult(output, config, ggufs, steps, files, None, [], report, speaks=speaks)

@@ -129,30 +129,46 @@ def plan_direct(
         raise DirectUnavailable(why)
     scratch_dir.mkdir(parents=True, exist_ok=True)
     stand_in = scratch_dir / f".stand-in-{os.getpid()}.gguf"
+    # an architecture the stock llama.cpp does not know: its dry run reads a qwen3 stand-in
+    # with the same tensors, and the outputs copy the file's own header
+    dry = source.dry_run_plan()
+    own = stand_in if dry is source else scratch_dir / f".header-{os.getpid()}.gguf"
     try:
-        header_len, _, size = write_header(stand_in, source)
-        os.truncate(stand_in, size)  # a hole: no disk, and llama.cpp only maps it
-        if os.stat(stand_in).st_blocks * 512 > header_len + (16 << 20):
-            raise DirectUnavailable(f"the file system of {scratch_dir} has no sparse files")
+        header_len = _sparse_header(stand_in, dry, scratch_dir)
         targets = [
             _dry_run(stand_in, out, ftype, settings, imatrix, source) for out, ftype in outputs
         ]
+        for t in targets:  # the user's types over llama.cpp's (as llama-quantize --tensor-type)
+            t.types.update({n: int(q) for n in t.types if (q := source.forced_type(n)) is not None})
         order = [r.name for r in targets[0].rows]
         for t in targets[1:]:
             if [r.name for r in t.rows] != order:
                 raise AssertionError("llama.cpp gave two types different tensor orders")
-        with libggml.GgufHeader(stand_in) as src:
+        if own is not stand_in:
+            header_len = _sparse_header(own, source, scratch_dir)
+        with libggml.GgufHeader(own) as src:
             for t in targets:
                 t.header = _header(src, t, settings, imatrix)
             if intermediate is not None:
-                targets.append(_intermediate(src, stand_in, header_len, intermediate, source))
+                targets.append(_intermediate(src, own, header_len, intermediate, source))
     finally:
         stand_in.unlink(missing_ok=True)
+        own.unlink(missing_ok=True)
     by_name = {t.name: t for t in source.tensors}
     if sorted(order) != sorted(by_name):
         raise AssertionError("llama.cpp's tensor list differs from the plan's")
     threads = settings.threads or os.cpu_count() or 1
     return DirectPlan(source, [by_name[n] for n in order], targets, imatrix, threads)
+
+
+def _sparse_header(path: Path, plan: GGUFPlan, scratch_dir: Path) -> int:
+    """The plan's GGUF at path with its data a hole (no disk; llama.cpp only maps it); the
+    header's length."""
+    header_len, _, size = write_header(path, plan)
+    os.truncate(path, size)
+    if os.stat(path).st_blocks * 512 > header_len + (16 << 20):
+        raise DirectUnavailable(f"the file system of {scratch_dir} has no sparse files")
+    return header_len
 
 
 def _dry_run(
@@ -570,23 +586,25 @@ def quantize_checkpoint(
     progress: ProgressReporter | None = None,
     pages: SourcePages | None = None,
     record: HashRecord | None = None,
+    first_class: bool = False,
+    audio_tables: str | None = None,
 ) -> CheckpointQuantized:
     """The checkpoint's backbone, quantized to every (output, type) in one read.
 
     ``outtype`` auto rounds through f16 unless a tensor overflows it, then through bf16,
-    as `all`'s two-pass path chooses its intermediate.
+    as `all`'s two-pass path chooses its intermediate. ``first_class``: the whole model as
+    one moss-tts-delay GGUF (gguf/delay.py) instead of the backbone alone, its audio tables
+    in ``audio_tables`` (f16, bf16, q8_0) if given.
     """
     from ..errors import NumericError
-    from ..gguf.write import OutType, plan_tensors
-    from ..source.backbone import open_backbone, plan_native
+    from ..gguf.write import OutType
 
-    backbone = open_backbone(model)
+    plan_source = _source_planner(model, first_class, audio_tables)
+    stem = "moss-tts-delay" if first_class else "backbone"
     notes: list[str] = []
     for kind in ("f16", "bf16") if outtype == "auto" else (outtype,):
-        out_type = OutType.parse(kind)
-        tensors = plan_tensors(backbone.params, backbone.tensors, out_type, backbone.root)
-        source = plan_native(backbone, out_type, tensors)
-        kept = scratch_dir / f"backbone_{kind}.gguf" if keep_intermediate else None
+        source = plan_source(OutType.parse(kind))
+        kept = scratch_dir / f"{stem}_{kind}.gguf" if keep_intermediate else None
         plan = plan_direct(source, outputs, settings, imatrix, scratch_dir, kept)
         try:
             results = run_direct(plan, force=force, progress=progress, pages=pages, record=record)
@@ -618,3 +636,21 @@ class DirectQuantizer:
             pages=request.pages, record=request.record,
         )  # fmt: skip
         return Quantized(q.results, q.intermediate, q.notes)
+
+
+def _source_planner(model, first_class: bool, audio_tables: str | None = None):
+    """out type -> the plan of the GGUF the outputs are quantized from."""
+    if first_class:
+        from ..gguf.delay import plan_delay
+
+        return lambda out_type: plan_delay(model, out_type, audio_tables)
+    from ..gguf.write import plan_tensors
+    from ..source.backbone import open_backbone, plan_native
+
+    backbone = open_backbone(model)
+
+    def plan(out_type):
+        tensors = plan_tensors(backbone.params, backbone.tensors, out_type, backbone.root)
+        return plan_native(backbone, out_type, tensors)
+
+    return plan

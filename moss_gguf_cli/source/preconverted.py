@@ -62,7 +62,7 @@ class GgufRepo:
         return sorted(f for f in self.files if f.startswith(TOKENIZER_DIR + "/"))
 
 
-def _file_type_of(name: str, types: list[str]) -> str | None:
+def file_type_of(name: str, types: list[str]) -> str | None:
     """The llama.cpp file type a GGUF's name states (MOSS_TTS_Q4_K_M.gguf → Q4_K_M)."""
     stem = Path(name).stem.upper()
     for t in sorted(types, key=len, reverse=True):  # Q4_K_M before Q4_K
@@ -139,7 +139,7 @@ def recognise(
     for g in sorted(ggufs):
         if "/" in g:
             continue  # backbones sit at the top (first_class/… and the like are other formats)
-        t = _file_type_of(g, known)
+        t = file_type_of(g, known)
         if t is not None:
             by_type.setdefault(t, g)
     if not by_type:
@@ -213,15 +213,15 @@ _GGUF_LANG = {
 }
 
 
-def gguf_language_config(path: Path) -> dict:
-    """A Qwen3 language_config from a backbone GGUF's qwen3.* metadata (the one GGUF header
+def gguf_language_config(path: Path, arch: str = "qwen3") -> dict:
+    """A Qwen3 language_config from a backbone GGUF's {arch}.* metadata (the one GGUF header
     reader, gguf/read.py: it skips the vocabulary)."""
     from ..gguf.read import read_gguf
 
     kv = read_gguf(path).kv
     out: dict = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}
     for key, gkey in _GGUF_LANG.items():
-        value = kv.get(f"qwen3.{gkey}")
+        value = kv.get(f"{arch}.{gkey}")
         if value is not None:
             out[key] = float(value) if key in ("rms_norm_eps", "rope_theta") else int(value)
     return out

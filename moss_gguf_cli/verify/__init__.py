@@ -40,6 +40,7 @@ from .deep import (
     llama_hidden,
     reference_hidden,
 )
+from .first_class import is_first_class, verify_first_class
 from .metadata import gguf_checks, parse_ggufs
 from .model_facts import Facts, facts_from_config
 from .quality import (
@@ -104,6 +105,8 @@ def verify(
     started = time.perf_counter()
     if target is None or str(target).strip() == "":
         raise UsageError("no TARGET given", hint="moss-gguf verify WEIGHTS_FOLDER")
+    if is_first_class(Path(target)):  # OpenMOSS's fork's format: its own rows
+        return verify_first_class(Path(target), source, deep)
     if deep:
         check_deep_deps()
     t = find_target(Path(target))

@@ -85,6 +85,24 @@ def file_rows(ctx: Context) -> None:
         [f"{shown_path(tok / n, t.root) if tok else n} is missing" for n in missing],
         ", ".join(sorted(p.name for p in tok.iterdir() if p.is_file())) if tok else "",
     )
+    made = ctx.meta.get("first_class")
+    if isinstance(made, dict):  # laid out from a first-class GGUF: say how exact the tables are
+        r.check(FIRST_CLASS_ROW, [], first_class_detail(made))
+
+
+FIRST_CLASS_ROW = "tables from a first-class GGUF"
+
+
+def first_class_detail(made: dict) -> str:
+    """What extraction_meta.json's first_class record says of the tables."""
+    types = ", ".join(f"{n} {t}" for t, n in sorted((made.get("table_types") or {}).items()))
+    how = made.get("tables")
+    if how == "exact":
+        return f"exact: the f16 bytes of {made.get('file')} ({types})"
+    if how == "dequantized":
+        n = len(made.get("dequantized") or [])
+        return f"{n} dequantized from {made.get('file')} ({types}): not the checkpoint's values"
+    return f"rounded to f16 from {made.get('file')} ({types})"
 
 
 def _backbone_weights(ctx: Context) -> None:

@@ -1,0 +1,342 @@
+"""Writing the first-class `moss-tts-delay` format: `convert --format` and `all --format`.
+
+A first-class folder holds the GGUF(s) of gguf/delay.py, the tokenizer, the ONNX audio
+tokenizer, `manifest.json` and a README.md with the commands that run it with OpenMOSS's
+llama.cpp fork. Quantized files come from the direct engine (quantize/direct.py): one read of
+the checkpoint for every type, and the f16/bf16 file itself when it is asked for too.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import __version__
+from ..disk.digests import HashRecord
+from ..disk.layout_names import MANIFEST_NAME, TOKENIZER_DIR
+from ..disk.page_cache import SourcePages
+from ..disk.staging import Staging, check_free_space, staged_file
+from ..errors import UsageError
+from ..gguf.delay import FORMAT, parse_audio_tables_type, plan_delay
+from ..gguf.write import OutType, write_gguf
+from ..progress import ProgressReporter, ensure
+from ..source.audio_tokenizer import AudioTokenizer
+from ..source.audio_tokenizer import default_source as default_codec
+from ..source.checkpoint import TOKENIZER_FILES
+from .layout import audio_tokenizer_files, gguf_file_type
+from .made_from import MadeFrom, source_identity
+
+log = logging.getLogger(__name__)
+
+BACKEND = "backend"
+FORMATS = (BACKEND, FORMAT)
+STEM = "moss-tts-delay"  # the GGUF file names: moss-tts-delay_q4_k_m.gguf, moss-tts-delay_f16.gguf
+README_NAME = "README.md"
+# the fork the format is read by, and the commit its byte identity was checked against
+FORK = "https://github.com/expectqwq/llama.cpp"
+FORK_COMMIT = "7d26f9138947778ff471e278eb5a148c70777633"
+FLOAT_TYPES = ("F16", "BF16")
+
+
+def parse_formats(values: list[str] | None) -> list[str]:
+    """--format values, checked and without repeats; default: the backend layout alone."""
+    out: list[str] = []
+    for value in values or [BACKEND]:
+        v = value.strip().lower()
+        if v not in FORMATS:
+            raise UsageError(f"unknown format {value!r}", hint="choose " + " or ".join(FORMATS))
+        if v not in out:
+            out.append(v)
+    return out
+
+
+@dataclass
+class FirstClassConverted:
+    outfile: Path
+    outtype: str
+    n_tensors: int
+    tensor_types: dict[str, int]
+    bytes_written: int
+    seconds: float
+
+
+def convert_first_class(
+    model: Path,
+    outfile: Path,
+    outtype: str | OutType = "f16",
+    force: bool = False,
+    progress: ProgressReporter | None = None,
+    pages: SourcePages | None = None,
+) -> FirstClassConverted:
+    """The checkpoint as one moss-tts-delay GGUF in f16/bf16/f32/q8_0, as the fork's
+    convert_hf_to_gguf.py writes it."""
+    started = time.perf_counter()
+    plan = plan_delay(Path(model), outtype)
+    with staged_file(Path(outfile), force=force) as tmp:
+        check_free_space(tmp.parent, plan.tensor_bytes + (64 << 20), Path(outfile))
+        size = write_gguf(tmp, plan, progress, pages)
+    types = dict(Counter(t.qtype.name for t in plan.tensors))
+    return FirstClassConverted(
+        Path(outfile), plan.outtype.value, len(plan.tensors), types, size,
+        time.perf_counter() - started,
+    )  # fmt: skip
+
+
+def gguf_names(quants: list[str]) -> list[str]:
+    """The folder's GGUF file names, one per requested type (F16/BF16: the unquantized file)."""
+    return [f"{STEM}_{q.lower()}.gguf" for q in quants]
+
+
+@dataclass
+class FirstClassFolder:
+    output: Path
+    ggufs: list[Path]
+    files: list[tuple[str, int]]
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+
+def write_first_class(
+    model: Path,
+    output: Path,
+    quants: list[str],
+    outtype: str,
+    codec: AudioTokenizer | None,
+    source_model: str,
+    threads: int | None = None,
+    force: bool = False,
+    progress: ProgressReporter | None = None,
+    audio_tables: str | None = None,
+    made_from: MadeFrom | None = None,
+) -> FirstClassFolder:
+    """A first-class folder at output: every type in one read of the checkpoint, then the
+    tokenizer, the codec, README.md and manifest.json; renamed into place when complete."""
+    started = time.perf_counter()
+    bar = ensure(progress)
+    floats = [q for q in quants if q in FLOAT_TYPES]
+    if len(floats) > 1:
+        raise UsageError("F16 and BF16 both asked for", hint="keep one of them")
+    if floats:
+        outtype = floats[0].lower()  # the unquantized file is the intermediate itself
+    with Staging(Path(output), force=force) as stage:
+        notes = _write_ggufs(model, stage.path, quants, outtype, threads, bar, audio_tables)
+        ck_tokenizer = [Path(model) / n for n in TOKENIZER_FILES if (Path(model) / n).is_file()]
+        (stage.path / TOKENIZER_DIR).mkdir()
+        for src in ck_tokenizer:
+            shutil.copyfile(src, stage.path / TOKENIZER_DIR / src.name)
+        if codec is not None:
+            for item in audio_tokenizer_files(codec):
+                _link_or_copy(item.source, stage.path / item.rel)
+        names = gguf_names(quants)
+        (stage.path / README_NAME).write_text(readme(names, codec is not None))
+        tables = audio_tables.strip().lower() if audio_tables else None
+        files = _manifest(stage.path, names, codec, source_model, tables, made_from)
+        stage.commit()
+    return FirstClassFolder(
+        Path(output), [Path(output) / n for n in names], files,
+        time.perf_counter() - started, notes,
+    )  # fmt: skip
+
+
+def _write_ggufs(
+    model: Path, folder: Path, quants: list[str], outtype: str, threads, bar, audio_tables
+) -> list[str]:
+    """Every requested type into folder: the quantized ones from one read by the direct
+    engine, which also writes the f16/bf16 file when that is asked for."""
+    from ..quantize.direct import quantize_checkpoint
+    from ..quantize.llama import QuantizeSettings
+
+    quantized = [(folder / n, q) for n, q in zip(gguf_names(quants), quants, strict=True)
+                 if q not in FLOAT_TYPES]  # fmt: skip
+    wants_float = len(quantized) < len(quants)
+    if not quantized:
+        kind = outtype if outtype != "auto" else "f16"
+        convert_first_class(model, folder / f"{STEM}_{kind}.gguf", kind, True, bar)
+        return []
+    done = quantize_checkpoint(
+        Path(model), quantized, outtype, QuantizeSettings(threads=threads), None, folder,
+        keep_intermediate=wants_float, force=True, progress=bar, first_class=True,
+        audio_tables=audio_tables,
+    )  # fmt: skip
+    return done.notes
+
+
+def _link_or_copy(src: Path, dest: Path) -> None:
+    import os
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src.resolve(), dest)
+    except OSError:
+        shutil.copyfile(src.resolve(), dest)
+
+
+def _manifest(
+    folder: Path,
+    names: list[str],
+    codec: AudioTokenizer | None,
+    source_model: str,
+    audio_tables: str | None,
+    made_from: MadeFrom | None = None,
+) -> list[tuple[str, int]]:
+    """manifest.json: what the folder is, and every file's size and sha256."""
+    rels = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    hashes = HashRecord()
+    entries = [
+        {"path": rel, "size": (folder / rel).stat().st_size, "sha256": hashes.sha256(folder / rel)}
+        for rel in rels
+    ]
+    manifest = {
+        "tool": f"moss-gguf {__version__}",
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "format": FORMAT,
+        "source_model": source_model,
+        "quant_types": {n: gguf_file_type(folder / n) for n in names},
+        "audio_tables_type": audio_tables,  # None: the quantizer's (each file's base type)
+        "runtime": {"llama.cpp": FORK, "commit": FORK_COMMIT, "binary": "llama-moss-tts"},
+        "audio_tokenizer": codec.source if codec is not None else None,
+        "made_from": made_from.to_json() if made_from is not None else None,
+        "files": entries,
+    }
+    (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+    return [(e["path"], e["size"]) for e in entries]
+
+
+def readme(names: list[str], has_codec: bool) -> str:
+    """The folder's README.md: what it is and the fork's commands that run it."""
+    model = names[0]
+    codec = (
+        "--onnx-encoder audio_tokenizer/encoder.onnx --onnx-decoder audio_tokenizer/decoder.onnx"
+        if has_codec else "--onnx-encoder ENCODER.onnx --onnx-decoder DECODER.onnx"
+    )  # fmt: skip
+    files = "\n".join(f"- `{n}`" for n in names)
+    return f"""# MOSS-TTS, first-class llama.cpp GGUF (`{FORMAT}`)
+
+Written by moss-gguf. One GGUF of architecture `{FORMAT}` holds the Qwen3 backbone, the text
+embedding, the audio embeddings, the text head and the audio heads. It runs with OpenMOSS's
+llama.cpp fork ({FORK}, checked at commit `{FORK_COMMIT[:12]}`), not with the stock llama.cpp,
+and it is not the file of OpenMOSS-Team/MOSS-TTS-GGUF.
+
+{files}
+- `tokenizer/`: the text tokenizer (`tokenizer.json`)
+- `audio_tokenizer/`: the ONNX audio tokenizer (encoder and decoder), when included
+- `manifest.json`: every file's size and sha256
+
+## Run it
+
+Build the fork's tools:
+
+    cmake -S llama.cpp -B build -DCMAKE_BUILD_TYPE=Release
+    cmake --build build --target llama-moss-tts -j
+
+Check that it loads:
+
+    build/bin/llama-moss-tts -m {model} --print-delay-config
+
+Speak (the fork's end-to-end script; it needs a MOSS-TTS checkout for the prompt builder):
+
+    python llama.cpp/tools/tts/moss-tts-firstclass-e2e.py --model-gguf {model} \\
+        --moss-tts-dir /path/to/MOSS-TTS --tokenizer-dir tokenizer \\
+        {codec} \\
+        --text "Hello, world!" --output-wav hello.wav
+"""
+
+
+def read_manifest(folder: Path) -> dict | None:
+    """A first-class folder's manifest, or None when the folder is not one."""
+    path = Path(folder) / MANIFEST_NAME
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("format") == FORMAT else None
+
+
+
+def run_first_class(
+    settings, progress: ProgressReporter | None = None, audio_tables: str | None = None
+) -> FirstClassFolder:
+    """`all --format moss-tts-delay`: the codec and the model found, the folder written (or
+    found complete: a rerun only checks it), every GGUF in it checked. ``audio_tables``:
+    --audio-tables-type (f16, bf16 or q8_0 tables in the quantized files)."""
+    from ..gguf.delay_read import check_first_class
+    from ..quantize.llama import parse_file_type
+    from ..source.audio_tokenizer import resolve as resolve_codec
+    from ..source.checkpoint import open_checkpoint, resolve_model
+
+    bar = ensure(progress)
+    output = Path(settings.output)
+    quants = [parse_file_type(q) for q in settings.quants] or ["Q4_K_M"]
+    _check_first_class_settings(settings)
+    parse_audio_tables_type(audio_tables)  # a bad value fails before any work
+    started = time.perf_counter()
+    names = gguf_names(quants)
+    if not settings.force and _complete(output, names, audio_tables):
+        files = [(f["path"], f["size"]) for f in read_manifest(output)["files"]]
+        folder = FirstClassFolder(output, [output / n for n in names], files, 0.0)
+        folder.notes.append("already complete: checked, not written again")
+    else:
+        is_tiny = settings.model.startswith("builtin:")
+        model = resolve_model(settings.model, settings.revision, settings.cache_dir, bar)
+        moss = open_checkpoint(model).moss  # refuses a look-alike before the codec is fetched
+        codec = resolve_codec(
+            settings.audio_tokenizer, builtin=is_tiny, sampling_rate=moss.sampling_rate,
+            revision=settings.audio_tokenizer_revision, cache_dir=settings.cache_dir,
+            progress=bar,
+        )  # fmt: skip
+        folder = write_first_class(
+            model, output, quants, settings.outtype, codec, settings.model,
+            threads=settings.threads, force=settings.force, progress=bar,
+            audio_tables=audio_tables, made_from=_made_from(settings, model),
+        )  # fmt: skip
+    for path in folder.ggufs:
+        check_first_class(path)
+    folder.seconds = time.perf_counter() - started
+    return folder
+
+
+def _made_from(settings, model: Path) -> MadeFrom:
+    """What the folder is made from, as the backend folder records it; its format (the audio
+    tables' type is the manifest's audio_tables_type)."""
+    codec = settings.audio_tokenizer or ("builtin" if settings.model.startswith("builtin:")
+                                         else default_codec(builtin=False, sampling_rate=None))
+    if settings.audio_tokenizer_revision:
+        codec = f"{codec}@{settings.audio_tokenizer_revision}"
+    return MadeFrom(source=source_identity(settings.model, model), outtype=settings.outtype,
+                    codec=str(codec), format=FORMAT)  # fmt: skip
+
+
+def _check_first_class_settings(settings) -> None:
+    if settings.outtype not in ("auto", "f16", "bf16"):
+        raise UsageError(f"unknown --outtype {settings.outtype!r}", hint="use auto, f16 or bf16")
+    if settings.engine not in ("auto", "direct"):
+        raise UsageError(
+            f"--engine {settings.engine} cannot write the {FORMAT} format",
+            hint="the stock llama.cpp does not know the architecture; leave --engine at auto "
+            "(the direct engine, which asks llama.cpp about a qwen3 stand-in)",
+        )
+    if settings.imatrix is not None:
+        raise UsageError(
+            f"--imatrix is not supported with --format {FORMAT} yet",
+            hint="quantize without it, or use the backend format",
+        )
+
+
+def _complete(output: Path, names: list[str], audio_tables: str | None) -> bool:
+    """A finished first-class folder of exactly these GGUFs (sizes as its manifest says)."""
+    manifest = read_manifest(output)
+    if manifest is None or sorted(manifest.get("quant_types") or {}) != sorted(names):
+        return False
+    wanted = audio_tables.strip().lower() if audio_tables else None
+    if manifest.get("audio_tables_type") != wanted:
+        return False
+    try:
+        return all((output / f["path"]).stat().st_size == f["size"] for f in manifest["files"])
+    except (OSError, KeyError, TypeError):
+        return False
