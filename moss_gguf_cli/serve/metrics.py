@@ -8,6 +8,7 @@
 - moss_gguf_generated_frames_total, moss_gguf_generation_seconds_total
                                                 audio frames and the generation time they took
 - moss_gguf_generation_frames_per_second        of the last request (its generation loop)
+- moss_gguf_streams_abandoned_total             streamed requests whose client left midway
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ class Metrics:
         self.generation_seconds = Counter(
             "moss_gguf_generation_seconds", "Time spent generating frames.", registry=r
         )
+        self.streams_abandoned = Counter(
+            "moss_gguf_streams_abandoned", "Streamed requests whose client left midway.",
+            registry=r,
+        )  # fmt: skip
         self.frames_per_second = Gauge(
             "moss_gguf_generation_frames_per_second",
             "Audio frames per second of generation, last request.",

@@ -122,6 +122,30 @@ class Scheduler:
             self._on_speech(result.profile)
         return result
 
+    def stream(self, job: SpeechJob, loop: asyncio.AbstractEventLoop) -> SpeechStream:
+        """JOB queued now (429/503 raised here); its chunks arrive through the SpeechStream."""
+        stream = SpeechStream(loop, self._on_speech)
+
+        def run(tts: Synthesizer, watch: NullProgress) -> SynthProfile:
+            for chunk in tts.stream(
+                job.text,
+                progress=watch,
+                reference_codes=job.reference_codes,
+                instruction=job.instruction,
+                seed=job.seed,
+                max_new_tokens=job.max_new_tokens,
+                sampling=job.sampling or None,
+            ):
+                stream.put(chunk)
+            assert tts.last_profile is not None
+            return tts.last_profile
+
+        task = _Task(run, "speech")
+        stream.task = task
+        task.future.add_done_callback(stream.finished)
+        self._enqueue(task)
+        return stream
+
     async def encode_voice(self, clip: Path) -> np.ndarray:
         """The reference codes (T, n_vq) of an audio file (any format soundfile reads)."""
         return await self._submit(_Task(lambda tts, _watch: tts.encode_reference(clip), "voice"))
@@ -156,7 +180,7 @@ class Scheduler:
 
     # -- inside
 
-    async def _submit(self, task: _Task) -> Any:
+    def _enqueue(self, task: _Task) -> None:
         with self._cond:
             if self._closing:
                 raise ShuttingDown()
@@ -164,6 +188,9 @@ class Scheduler:
                 raise QueueFull(self.max_queue)
             self._waiting.append(task)
             self._cond.notify()
+
+    async def _submit(self, task: _Task) -> Any:
+        self._enqueue(task)
         try:
             return await asyncio.wrap_future(task.future)
         except asyncio.CancelledError:
@@ -199,6 +226,59 @@ class Scheduler:
             finally:
                 with self._cond:
                     self._running = None
+
+
+_END = object()
+
+
+class SpeechStream:
+    """The chunks of one streamed job, handed from the worker thread to the event loop.
+
+        stream = scheduler.stream(job, loop)
+        async for chunk in stream: ...      # float32 waveform pieces; errors raise ApiError
+        stream.close()                      # the client left: the job stops at its next step
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_speech=None):
+        self.task: _Task | None = None
+        self.profile: SynthProfile | None = None
+        self.done = False
+        self._loop = loop
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._on_speech = on_speech
+
+    def put(self, chunk: np.ndarray) -> None:  # worker thread
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, chunk)
+
+    def finished(self, future: concurrent.futures.Future) -> None:  # worker thread
+        error = future.exception() if not future.cancelled() else ShuttingDown()
+        item = error if error is not None else (_END, future.result())
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+    def __aiter__(self) -> SpeechStream:
+        return self
+
+    async def __anext__(self) -> np.ndarray:
+        if self.done:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self.done = True
+            raise item
+        if isinstance(item, tuple) and item[0] is _END:
+            self.done, self.profile = True, item[1]
+            if self._on_speech is not None:
+                self._on_speech(self.profile)
+            raise StopAsyncIteration
+        return item
+
+    def close(self) -> None:
+        """Stop the job (if it still runs or waits); harmless once it has ended."""
+        if self.task is not None and not self.done:
+            self.task.cancel.set()
 
 
 def _settle(future: concurrent.futures.Future, value: Any = None, error: Exception | None = None):

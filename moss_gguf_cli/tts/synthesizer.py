@@ -16,16 +16,24 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from ..errors import InputError, OutputError, UsageError
 from ..progress import ProgressReporter, ensure
 from .backbone import Backbone, BackboneSettings
-from .codec import FRAME_SAMPLES, SAMPLE_RATE, AudioCodec, loudness_normalize, read_reference
+from .codec import (
+    FRAME_SAMPLES,
+    SAMPLE_RATE,
+    AudioCodec,
+    loudness_gain,
+    loudness_normalize,
+    read_reference,
+)
 from .config import SAMPLING_KEYS, ModelInfo, SynthConfig, find_model_info
 from .delay import DelayMachine, StepPlan, generated_segments
 from .embeddings import EmbeddingTables
@@ -33,6 +41,16 @@ from .heads import AudioHeads
 from .normalize import normalize_text
 from .prompt import Prompt, PromptFields, build_prompt, load_tokenizer
 from .sampling import Sampler, SamplingParams
+from .streaming import (
+    FrameAssembler,
+    ReceptiveField,
+    StreamSettings,
+    WindowDecoder,
+    pcm16,
+    probe_receptive_field,
+    wav_header,
+    windowed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +165,7 @@ class Synthesizer:
             raise
         self.last_profile: SynthProfile | None = None
         self.last_result: SynthResult | None = None
+        self._reach: ReceptiveField | None = None
 
     # -- lifetime
 
@@ -182,6 +201,87 @@ class Synthesizer:
         return self.synthesize(text, **options).waveform
 
     def synthesize(
+        self, text: str, progress: ProgressReporter | None = None, **options: Any
+    ) -> SynthResult:
+        """Like `generate`, returning the codes, rows and profile too.
+
+        Options (keywords; `_start` lists their types): reference (a path or a 24 kHz
+        array), reference_codes, instruction, tokens, quality, sound_event, ambient_sound,
+        language, max_new_tokens, seed; ``normalize``: clean TEXT as the reference processor
+        does (tts/normalize.py) first; ``sampling``: this call's values of the config's
+        sampling keys (text_temperature, audio_top_k, ...; SAMPLING_KEYS), checked as the
+        YAML's are.
+        """
+        run = self._start(text, **options)
+        progress = ensure(progress)
+        profile = run.profile
+        rows = np.array(list(self._rows(run, progress)), dtype=np.int64).reshape(
+            -1, 1 + self.info.n_vq
+        )
+        segments = _complete_frames(generated_segments(rows, self.info), self.info.audio_pad_code)
+        if not segments:
+            raise _no_frames(profile)
+        waveform = self._decode(segments, profile, progress)
+        profile.total_s = time.perf_counter() - run.t_start
+        result = SynthResult(waveform=waveform, codes=segments, rows=rows, profile=profile)
+        self.last_profile, self.last_result = profile, result
+        return result
+
+    def stream(
+        self,
+        text: str,
+        window: StreamSettings | None = None,
+        progress: ProgressReporter | None = None,
+        **options: Any,
+    ) -> Iterator[np.ndarray]:
+        """The waveform for TEXT in chunks (float32, 24 kHz) as it is generated.
+
+        Takes `synthesize`'s keyword options. The chunks joined equal `synthesize`'s raw
+        decode (the decoder gets the left context it needs, tts/streaming.py); the loudness
+        gain is the one `synthesize` would use for the first window (the whole utterance is
+        not known yet) and is held for the rest. Afterwards `last_result` holds the
+        joined waveform, codes, rows and profile.
+        """
+        run = self._start(text, **options)
+        progress = ensure(progress)
+        profile = run.profile
+        assert self.codec is not None
+        decoder = WindowDecoder(self.codec, self.receptive_field(), window or StreamSettings())
+        assembler = FrameAssembler(self.info.n_vq, self.info.audio_pad_code)
+        rows: list[np.ndarray] = []
+
+        def kept(source: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
+            for row in source:
+                rows.append(row)
+                yield row
+
+        pieces: list[np.ndarray] = []
+        gain = None
+        for raw in windowed(decoder, assembler, kept(self._rows(run, progress))):
+            gain = loudness_gain(raw) if gain is None else gain
+            chunk = (raw * gain).astype(np.float32)
+            pieces.append(chunk)
+            yield chunk
+        profile.frames, profile.segments = decoder.frames, len(decoder.segments)
+        profile.decode_s = decoder.decode_s
+        profile.total_s = time.perf_counter() - run.t_start
+        if not pieces:
+            raise _no_frames(profile)
+        result = SynthResult(
+            waveform=np.concatenate(pieces), codes=decoder.segments,
+            rows=np.array(rows, dtype=np.int64), profile=profile,
+        )  # fmt: skip
+        self.last_profile, self.last_result = profile, result
+
+    def receptive_field(self) -> ReceptiveField:
+        """The loaded audio decoder's reach in frames (measured once, tts/streaming.py)."""
+        if self._reach is None:
+            assert self.codec is not None
+            self._reach = probe_receptive_field(self.codec, self.info.audio_vocab_size)
+            log.info("audio decoder reach: %s", self._reach)
+        return self._reach
+
+    def _start(
         self,
         text: str,
         reference: str | Path | np.ndarray | None = None,
@@ -194,23 +294,15 @@ class Synthesizer:
         max_new_tokens: int | None = None,
         seed: int | None = None,
         reference_codes: np.ndarray | None = None,
-        progress: ProgressReporter | None = None,
         normalize: bool = True,
         sampling: dict[str, float] | None = None,
-    ) -> SynthResult:
-        """Like `generate`, returning the codes, rows and profile too.
-
-        ``normalize``: clean TEXT as the reference processor does (tts/normalize.py) first.
-        ``sampling``: this call's values of the config's sampling keys (text_temperature,
-        audio_top_k, ...; SAMPLING_KEYS), checked as the YAML's are.
-        """
+    ) -> _Run:
+        """What one utterance starts from: its prompt, step budget and sampler."""
         if self.backbone is None or self.codec is None:
             raise InputError("the synthesizer is closed")
         sampler_config = self._sampling_config(sampling)
-        progress = ensure(progress)
         profile = SynthProfile(heads_backend=self.heads.backend)
         t_start = time.perf_counter()
-
         fields = PromptFields(
             text=normalize_text(text) if normalize else text,
             instruction=instruction,
@@ -222,21 +314,8 @@ class Synthesizer:
         )
         prompt = self._prompt(fields, reference, reference_codes, profile)
         steps_allowed = self._steps_allowed(prompt.rows.shape[0], max_new_tokens)
-        rows = self._generate_rows(
-            prompt, steps_allowed, self._sampler(seed, sampler_config), profile, progress
-        )
-
-        segments = _complete_frames(generated_segments(rows, self.info), self.info.audio_pad_code)
-        if not segments:
-            raise OutputError(
-                f"the model produced no complete audio frame in {profile.steps} steps",
-                hint="raise --max-new-tokens or try another --seed",
-            )
-        waveform = self._decode(segments, profile, progress)
-        profile.total_s = time.perf_counter() - t_start
-        result = SynthResult(waveform=waveform, codes=segments, rows=rows, profile=profile)
-        self.last_profile, self.last_result = profile, result
-        return result
+        sampler = self._sampler(seed, sampler_config)
+        return _Run(prompt, steps_allowed, sampler, profile, t_start)
 
     def _prompt(
         self,
@@ -300,35 +379,29 @@ class Synthesizer:
             seed=seed,
         )
 
-    def _generate_rows(
-        self,
-        prompt: Prompt,
-        steps_allowed: int,
-        sampler: Sampler,
-        profile: SynthProfile,
-        progress: ProgressReporter,
-    ) -> np.ndarray:
-        """Prefill, then one row per step until the model ends or the budget is spent; the
-        generated rows (G, 1 + n_vq). Timings and the step count go to ``profile``."""
-        backbone, info = self.backbone, self.info
+    def _rows(self, run: _Run, progress: ProgressReporter) -> Iterator[np.ndarray]:
+        """Prefill, then one row (1 + n_vq) per step until the model ends or the budget is
+        spent. Timings and the step count go to the run's profile."""
+        backbone, info, profile = self.backbone, self.info, run.profile
         assert backbone is not None
-        machine = DelayMachine(info, prompt.rows)
-        generated = np.empty((steps_allowed, 1 + info.n_vq), dtype=np.int64)
+        machine = DelayMachine(info, run.prompt.rows)
         embed = np.empty(self.embeddings.hidden, dtype=np.float32)
 
         backbone.reset()
         t0 = time.perf_counter()
-        hidden, logits = backbone.prefill(self.embeddings.sum_rows(prompt.rows))
+        hidden, logits = backbone.prefill(self.embeddings.sum_rows(run.prompt.rows))
         profile.prefill_s = time.perf_counter() - t0
 
+        steps_allowed = run.steps_allowed
         progress.start("synth", "generating", total=steps_allowed, unit="steps")
         count = 0
         frames = 0
         clock = time.perf_counter
         try:
             for count in range(1, steps_allowed + 1):
-                row, plan = self._next_row(machine, sampler, hidden, logits, profile)
-                generated[count - 1] = row
+                row, plan = self._next_row(machine, run.sampler, hidden, logits, profile)
+                profile.steps, profile.stopped = count, machine.done
+                yield row
                 t1 = clock()
                 if plan.audio_start == 0 and plan.audio_stop > 0:
                     frames += 1  # codebook 0 sampled: a new frame begins
@@ -348,9 +421,6 @@ class Synthesizer:
                 profile.backbone_s += t3 - t2
         finally:
             progress.finish("synth")
-        profile.steps = count
-        profile.stopped = machine.done
-        return generated[:count]
 
     def _next_row(
         self,
@@ -395,6 +465,22 @@ class Synthesizer:
         profile.frames = int(sum(s.shape[0] for s in segments))
         profile.segments = len(segments)
         return waveform
+
+
+@dataclass
+class _Run:
+    prompt: Prompt
+    steps_allowed: int
+    sampler: Sampler
+    profile: SynthProfile
+    t_start: float
+
+
+def _no_frames(profile: SynthProfile) -> OutputError:
+    return OutputError(
+        f"the model produced no complete audio frame in {profile.steps} steps",
+        hint="raise --max-new-tokens or try another --seed",
+    )
 
 
 def _complete_frames(segments: list[np.ndarray], pad: int) -> list[np.ndarray]:
@@ -472,3 +558,63 @@ def synth_to_wav(
         rate = tts.info.sampling_rate  # the model's (checked against the codec's on load)
     result.output = write_wav(output, result.waveform, rate)
     return result
+
+
+def synth_stream(
+    config: SynthConfig,
+    output: Path | BinaryIO,
+    text: str,
+    fmt: str = "pcm",
+    progress: ProgressReporter | None = None,
+    **options: Any,
+) -> SynthResult:
+    """Load, speak TEXT and write its audio as it is generated (`moss-gguf synth --stream`):
+    FMT "pcm" (16-bit little-endian mono) or "wav", to OUTPUT, a file (under a temporary
+    name, renamed when complete, its WAV header's sizes filled in then) or an open binary
+    stream such as stdout (a WAV there says its sizes are unknown). Takes `synthesize`'s
+    keyword options."""
+    if fmt not in ("pcm", "wav"):
+        raise UsageError(f"a stream is pcm or wav, not {fmt!r}")
+    if not isinstance(text, str) or not text.strip():
+        raise InputError("the text to speak is empty", hint="pass --text or --text-file")
+    if isinstance(output, Path) and (output.is_dir() or not output.parent.is_dir()):
+        raise OutputError("not a file in an existing folder", path=output)
+    with Synthesizer(config) as tts:
+        rate = tts.info.sampling_rate
+        if not isinstance(output, Path):
+            return _write_stream(tts, output, fmt, rate, text, progress, options)
+        tmp = output.with_name(f".{output.name}.tmp")
+        try:
+            with open(tmp, "wb") as sink:
+                result = _write_stream(tts, sink, fmt, rate, text, progress, options)
+                if fmt == "wav":  # the length is known now: a plain WAV header
+                    sink.seek(0)
+                    sink.write(wav_header(rate, 2 * result.waveform.size))
+            tmp.replace(output)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    result.output = output
+    return result
+
+
+def _write_stream(
+    tts: Synthesizer,
+    sink: BinaryIO,
+    fmt: str,
+    rate: int,
+    text: str,
+    progress: ProgressReporter | None,
+    options: dict[str, Any],
+) -> SynthResult:
+    try:
+        if fmt == "wav":
+            sink.write(wav_header(rate))
+        for chunk in tts.stream(text, progress=progress, **options):
+            sink.write(pcm16(chunk))
+            sink.flush()  # a player reading the stream hears it now
+    except BrokenPipeError as exc:
+        raise OutputError("the reader of the stream closed it", hint="keep the player open "
+                          "until the text is spoken") from exc  # fmt: skip
+    assert tts.last_result is not None
+    return tts.last_result
