@@ -389,7 +389,7 @@ def test_sigterm_answers_what_runs_and_waits_with_503_and_exits_0(
     marker = tmp_path / "held"
     # the key from the environment this time (it stays out of the process list)
     srv = start_serve(tiny_weights / "moss-tts.yaml", tmp_path / "serve.log",
-                      "--voices", str(voices_dir), "--max-queue", "1",
+                      "--voices", str(voices_dir), "--max-queue", "1", "--max-batch", "1",
                       env={HOLD_ENV: f"serve={marker}", "MOSS_GGUF_API_KEY": KEY})  # fmt: skip
     try:
         http = httpx.Client(base_url=srv.url, timeout=TIMEOUT,

@@ -1,6 +1,7 @@
 """Streamed speech from a real `moss-gguf serve` process, read with the official `openai`
 client's `with_streaming_response`: pcm, wav and SSE streams hold the non-streamed samples and
-come in more than one chunk; a client that leaves midway frees the worker."""
+come in more than one chunk; a client that leaves midway frees the worker; concurrent greedy
+requests, batched, get what they get alone."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import base64
 import io
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -130,3 +132,23 @@ def test_a_client_that_leaves_midway_frees_the_worker(server, client, whole_pcm)
     # the next requests are served
     assert np.array_equal(np.frombuffer(b"".join(streamed(client, "pcm", "audio")), "<i2"),
                           whole_pcm)  # fmt: skip
+
+
+def test_four_concurrent_greedy_requests_equal_each_alone(server, client):
+    """Different lengths (texts and max_new_tokens): they join and leave the batch at
+    different steps; each reply is the one it gets alone."""
+    # hundreds of steps each (about a second): the four surely overlap
+    jobs = [("One.", 300), ("Two words here.", 340), ("A third, longer sentence.", 380),
+            ("Four.", 320)]  # fmt: skip
+
+    def ask(job: tuple[str, int]) -> bytes:
+        text, steps = job
+        return client.audio.speech.create(
+            model="moss-tts", voice="alloy", input=text, response_format="pcm",
+            extra_body={**GREEDY, "max_new_tokens": steps}).content  # fmt: skip
+
+    alone = [ask(job) for job in jobs]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(ask, jobs))
+    assert together == alone
+    assert metric(server, "moss_gguf_batch_size_max") == 4  # they did share steps

@@ -20,12 +20,11 @@ from __future__ import annotations
 import struct
 import time
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-from .codec import FRAME_SAMPLES, AudioCodec
+from .codec import FRAME_SAMPLES, AudioCodec, loudness_gain
 
 
 @dataclass(frozen=True)
@@ -129,21 +128,38 @@ class WindowDecoder:
         return out
 
 
-def windowed(
-    decoder: WindowDecoder, assembler: FrameAssembler, rows: Iterator[np.ndarray]
-) -> Iterator[np.ndarray]:
-    """Generated rows (1 + n_vq each) → raw decoded chunks, segment by segment."""
-    for row in rows:
-        event = assembler.push(row[1:])
+class Chunker:
+    """Generated rows (1 + n_vq ids) in, one at a time; the utterance's audio out in chunks,
+    each scaled by the loudness gain of the first (the whole utterance is not known yet)."""
+
+    def __init__(self, decoder: WindowDecoder, assembler: FrameAssembler):
+        self.decoder, self.assembler = decoder, assembler
+        self.gain: np.float32 | None = None
+        self.pieces: list[np.ndarray] = []
+        self.rows: list[np.ndarray] = []
+
+    def push(self, row: np.ndarray) -> list[np.ndarray]:
+        self.rows.append(row)
+        event = self.assembler.push(row[1:])
         if event is None:
-            continue
+            return []
         kind, frame = event
-        audio = decoder.push(frame) if kind == FrameAssembler.FRAME else decoder.end_segment()
-        if audio is not None and audio.size:
-            yield audio
-    audio = decoder.end_segment()
-    if audio is not None and audio.size:
-        yield audio
+        if kind == FrameAssembler.FRAME:
+            return self._out(self.decoder.push(frame))
+        return self._out(self.decoder.end_segment())
+
+    def finish(self) -> list[np.ndarray]:
+        """The last window (the final segment's rest)."""
+        return self._out(self.decoder.end_segment())
+
+    def _out(self, audio: np.ndarray | None) -> list[np.ndarray]:
+        if audio is None or not audio.size:
+            return []
+        if self.gain is None:
+            self.gain = loudness_gain(audio)
+        chunk = (audio * self.gain).astype(np.float32)
+        self.pieces.append(chunk)
+        return [chunk]
 
 
 # ---------------------------------------------------------------- bytes of a stream
