@@ -2,11 +2,15 @@
 
     python benchmarks/serve.py [--folder W] [--requests 200] [--concurrency 8]
         [--max-new-tokens 48] [--workdir /tmp/moss-gguf-bench] [--keep]
-    python benchmarks/serve.py --ttfa [--rounds 3] [--levels 1,2,4,8] [--max-new-tokens 160]
+    python benchmarks/serve.py --ttfa [--rounds 3] [--levels 1,2,4,8] [--max-new-tokens 133]
+        [--max-batch 8]
 
 --ttfa: one greedy pcm request, streamed (stream_format "audio": seconds to its first audio
 byte) and not (seconds to the whole response), alternated, medians and their ratio; then
 2 × N such requests at each concurrency N: aggregate audio seconds per wall second, p50/p95.
+The random 2-layer checkpoint leaves audio after a couple of frames but goes on stepping to
+--max-new-tokens: 133 steps are the steps of a 100-frame (8 s) utterance (frames + 32 for the
+delay pattern + 1), so the timings are those of one, while the audio itself is short.
 
 Without --folder it speaks with the 2-layer real-dims checkpoint (written once by
 make_checkpoint.py) converted by `moss-gguf all --quant Q4_K_M` with the tiny random audio
@@ -66,9 +70,9 @@ def build_folder(workdir: Path) -> Path:
     return folder
 
 
-def start(folder: Path, voices: Path, log: Path) -> tuple[subprocess.Popen, str]:
+def start(folder: Path, voices: Path, log: Path, max_batch: int) -> tuple[subprocess.Popen, str]:
     cmd = [*MOSS, "serve", "--config", str(folder / "moss-tts.yaml"), "--port", "0",
-           "--voices", str(voices)]  # fmt: skip
+           "--voices", str(voices), "--max-batch", str(max_batch)]  # fmt: skip
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     while not (found := re.search(r"http://127\.0\.0\.1:(\d+)/v1", log.read_text())):
@@ -221,6 +225,7 @@ def main() -> None:
                         help="measure streamed time to first audio and throughput per "
                         "concurrency level instead of the mixed load run")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3, help="--ttfa: alternated rounds")
+    parser.add_argument("--max-batch", type=int, default=4, help="the server's --max-batch")
     parser.add_argument("--levels", type=lambda v: [int(x) for x in v.split(",")],
                         default=[1, 2, 4, 8], help="--ttfa: concurrency levels")  # fmt: skip
     args = parser.parse_args()
@@ -228,7 +233,7 @@ def main() -> None:
     folder = args.folder or build_folder(args.workdir)
     with tempfile.TemporaryDirectory(prefix="moss-serve-bench-") as tmp:
         log = Path(tmp) / "serve.log"
-        proc, url = start(folder, Path(tmp) / "voices", log)
+        proc, url = start(folder, Path(tmp) / "voices", log, args.max_batch)
         try:
             if args.ttfa:
                 report = ttfa(url, args)
