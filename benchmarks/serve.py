@@ -2,6 +2,15 @@
 
     python benchmarks/serve.py [--folder W] [--requests 200] [--concurrency 8]
         [--max-new-tokens 48] [--workdir /tmp/moss-gguf-bench] [--keep]
+    python benchmarks/serve.py --ttfa [--rounds 3] [--levels 1,2,4,8] [--max-new-tokens 133]
+        [--max-batch 8]
+
+--ttfa: one greedy pcm request, streamed (stream_format "audio": seconds to its first audio
+byte) and not (seconds to the whole response), alternated, medians and their ratio; then
+2 × N such requests at each concurrency N: aggregate audio seconds per wall second, p50/p95.
+The random 2-layer checkpoint leaves audio after a couple of frames but goes on stepping to
+--max-new-tokens: 133 steps are the steps of a 100-frame (8 s) utterance (frames + 32 for the
+delay pattern + 1), so the timings are those of one, while the audio itself is short.
 
 Without --folder it speaks with the 2-layer real-dims checkpoint (written once by
 make_checkpoint.py) converted by `moss-gguf all --quant Q4_K_M` with the tiny random audio
@@ -22,6 +31,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import os
 import re
 import signal
@@ -60,9 +70,9 @@ def build_folder(workdir: Path) -> Path:
     return folder
 
 
-def start(folder: Path, voices: Path, log: Path) -> tuple[subprocess.Popen, str]:
+def start(folder: Path, voices: Path, log: Path, max_batch: int) -> tuple[subprocess.Popen, str]:
     cmd = [*MOSS, "serve", "--config", str(folder / "moss-tts.yaml"), "--port", "0",
-           "--voices", str(voices)]  # fmt: skip
+           "--voices", str(voices), "--max-batch", str(max_batch)]  # fmt: skip
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     while not (found := re.search(r"http://127\.0\.0\.1:(\d+)/v1", log.read_text())):
@@ -155,6 +165,54 @@ def load(url: str, pid: int, args: argparse.Namespace) -> dict:
     }
 
 
+def first_byte(client: httpx.Client, body: dict) -> tuple[float, float, float]:
+    """(seconds to the first audio byte, to the last, seconds of audio) of one request."""
+    t0 = time.perf_counter()
+    first = None
+    size = 0
+    with client.stream("POST", "/v1/audio/speech", json=body) as reply:
+        reply.raise_for_status()
+        for piece in reply.iter_bytes():
+            if piece and first is None:
+                first = time.perf_counter() - t0
+            size += len(piece)
+    return first or float("nan"), time.perf_counter() - t0, size / 2 / RATE
+
+
+def ttfa(url: str, args: argparse.Namespace) -> dict:
+    """Streamed time to first audio vs the non-streamed response time, alternated; then the
+    aggregate audio seconds per wall second at each concurrency (the same greedy request)."""
+    body = {"model": "moss-tts", "input": "A longer sentence, so that there is enough audio "
+            "to stream for a while before it ends.", "voice": "default",
+            "response_format": "pcm", "seed": 1, "text_temperature": 0, "audio_temperature": 0,
+            "max_new_tokens": args.max_new_tokens}  # fmt: skip
+    streamed, whole, audio = [], [], 0.0
+    with httpx.Client(base_url=url, timeout=3600) as client:
+        first_byte(client, body)  # warm-up
+        for _ in range(args.rounds):
+            t_first, _, audio = first_byte(client, {**body, "stream_format": "audio"})
+            streamed.append(t_first)
+            whole.append(first_byte(client, body)[1])
+        out = {"audio_s": round(audio, 2), "rounds": args.rounds,
+               "ttfa_streamed_s": round(statistics.median(streamed), 3),
+               "response_whole_s": round(statistics.median(whole), 3)}  # fmt: skip
+        out["ttfa_ratio"] = round(out["ttfa_streamed_s"] / out["response_whole_s"], 3)
+        for level in args.levels:
+            with ThreadPoolExecutor(level) as pool:
+                start = time.perf_counter()
+                runs = list(pool.map(lambda _i: first_byte(client, body), range(level * 2)))
+                wall = time.perf_counter() - start
+            lat = sorted(r[1] for r in runs)
+            out[f"c{level}"] = {"audio_s_per_wall_s": round(sum(r[2] for r in runs) / wall, 3),
+                                "p50_s": round(statistics.median(lat), 2),
+                                "p95_s": round(lat[math.ceil(0.95 * len(lat)) - 1], 2)}  # fmt: skip
+    base = out[f"c{args.levels[0]}"]["audio_s_per_wall_s"]
+    for level in args.levels:
+        out[f"c{level}"][f"vs_c{args.levels[0]}"] = round(
+            out[f"c{level}"]["audio_s_per_wall_s"] / base, 2)  # fmt: skip
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--folder", type=Path, help="a weights folder (default: build one)")
@@ -163,14 +221,24 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--keep", action="store_true", help="keep the folder this built")
+    parser.add_argument("--ttfa", action="store_true",
+                        help="measure streamed time to first audio and throughput per "
+                        "concurrency level instead of the mixed load run")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=3, help="--ttfa: alternated rounds")
+    parser.add_argument("--max-batch", type=int, default=4, help="the server's --max-batch")
+    parser.add_argument("--levels", type=lambda v: [int(x) for x in v.split(",")],
+                        default=[1, 2, 4, 8], help="--ttfa: concurrency levels")  # fmt: skip
     args = parser.parse_args()
 
     folder = args.folder or build_folder(args.workdir)
     with tempfile.TemporaryDirectory(prefix="moss-serve-bench-") as tmp:
         log = Path(tmp) / "serve.log"
-        proc, url = start(folder, Path(tmp) / "voices", log)
+        proc, url = start(folder, Path(tmp) / "voices", log, args.max_batch)
         try:
-            report = load(url, proc.pid, args)
+            if args.ttfa:
+                report = ttfa(url, args)
+            else:
+                report = load(url, proc.pid, args)
         finally:
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(timeout=60)
@@ -179,6 +247,8 @@ def main() -> None:
     if args.folder is None and not args.keep:
         remove(folder)
     print(json.dumps(report, indent=2))
+    if args.ttfa:
+        return
     ok = (report["server_errors"] == 0 and not report["decode_errors"]
           and report["rss_ratio"] <= 1.05 and code == 0)  # fmt: skip
     print("PASS" if ok else "FAIL", file=sys.stderr)

@@ -285,7 +285,7 @@ def test_each_error_has_its_status_and_names_the_field(server, http, reference_w
     error_of(post({**ok, "audio_top_p": 0}), 400, "audio_top_p")
     error_of(post({**ok, "max_new_tokens": 0}), 400, "max_new_tokens")
     error_of(post({**ok, "audio_temprature": 0.5}), 400, "audio_temprature")  # misspelt
-    error_of(post({**ok, "stream_format": "sse"}), 400, "stream_format")
+    error_of(post({**ok, "stream_format": "chunks"}), 400, "stream_format")
     assert error_of(post({**ok, "model": "gpt-9"}), 404, "model")["code"] == "model_not_found"
     error_of(post({**ok, "voice": "nobody"}), 404, "voice")
     error_of(post({**ok, "input": "x" * (MAX_INPUT_CHARS + 1)}), 413, "input")
@@ -389,7 +389,7 @@ def test_sigterm_answers_what_runs_and_waits_with_503_and_exits_0(
     marker = tmp_path / "held"
     # the key from the environment this time (it stays out of the process list)
     srv = start_serve(tiny_weights / "moss-tts.yaml", tmp_path / "serve.log",
-                      "--voices", str(voices_dir), "--max-queue", "1",
+                      "--voices", str(voices_dir), "--max-queue", "1", "--max-batch", "1",
                       env={HOLD_ENV: f"serve={marker}", "MOSS_GGUF_API_KEY": KEY})  # fmt: skip
     try:
         http = httpx.Client(base_url=srv.url, timeout=TIMEOUT,

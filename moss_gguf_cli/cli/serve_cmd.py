@@ -24,6 +24,9 @@ EXAMPLES = """
 
   moss-gguf serve --config weights/moss-tts.yaml --host 0.0.0.0 --api-key "$KEY" --max-queue 4
 
+  # up to 8 requests generated together in one llama.cpp batch
+  moss-gguf serve --config weights/moss-tts.yaml --max-batch 8
+
   curl http://127.0.0.1:8000/v1/audio/speech -H 'Content-Type: application/json' \\
       -d '{"model": "moss-tts", "input": "Hello", "voice": "default", "response_format": "wav"}' \\
       -o hello.wav
@@ -59,16 +62,24 @@ def serve_command(
         typer.Option(help="Folder of stored voices (default: voices/ beside the config)."),
     ] = None,
     max_queue: Annotated[
-        int, typer.Option(help="Requests that may wait behind the running one; more get 429.")
+        int, typer.Option(help="Requests that may wait for a free batch slot; more get 429.")
     ] = 16,
+    max_batch: Annotated[
+        int,
+        typer.Option(
+            help="Requests generated together in one llama.cpp batch (each holds n_ctx "
+            "positions of KV cache)."
+        ),
+    ] = 4,
     quiet: Quiet = False,
     verbose: Verbose = False,
 ) -> None:
     mode = OutputMode(quiet=quiet, verbose=verbose)
     setup_logging(mode)
     settings = ServeSettings(
-        config=config, host=host, port=port, api_key=api_key, voices=voices, max_queue=max_queue
-    )
+        config=config, host=host, port=port, api_key=api_key, voices=voices,
+        max_queue=max_queue, max_batch=max_batch,
+    )  # fmt: skip
     settings.check()  # before the imports and the model: a refused binding costs nothing
     run_server = _server()
     preflight(needs_quantize=False, output=None, needed_bytes=None, llama_cpp=None,

@@ -12,10 +12,10 @@ from rich.table import Table
 from ..doctor import preflight
 from ..errors import InputError, UsageError
 from ..quantize.engines import Engine
-from ..tts import SynthConfig, SynthProfile, synth_to_wav
+from ..tts import SynthConfig, SynthProfile, synth_stream, synth_to_wav
 from ._command import command
 from ._options import Quiet, Verbose
-from ._output import OutputMode, info, progress_for, setup_logging, stdout
+from ._output import OutputMode, info, progress_for, setup_logging, stderr, stdout
 
 EXAMPLES = """
 [b]Examples[/b]
@@ -28,6 +28,10 @@ EXAMPLES = """
   echo "Read from stdin." | moss-gguf synth --config weights/moss-tts.yaml --text - -o out.wav
 
   moss-gguf synth --config weights/moss-tts.yaml --text "Hi" -o hi.wav --threads 8 --profile
+
+  # play while it speaks: raw 16-bit PCM at 24 kHz to stdout
+  moss-gguf synth --config weights/moss-tts.yaml --text "Hello" --stream --output - \\
+      | aplay -f S16_LE -r 24000
 
   # upstream's command lines work as they are (--output defaults to output.wav)
   moss-gguf synth --config configs/llama_cpp/default.yaml --text "Hello!" \\
@@ -48,7 +52,7 @@ FloatOpt = Annotated[float | None, typer.Option()]
 def synth_command(
     config: Annotated[Path, typer.Option("--config", "-c", help="The moss-tts.yaml to use.")],
     output: Annotated[
-        Path, typer.Option("--output", "-o", help="WAV file to write.")
+        Path, typer.Option("--output", "-o", help="WAV file to write ('-': stdout, with --stream).")
     ] = Path("output.wav"),
     text: Annotated[str | None, typer.Option(help="Text to speak; '-' reads stdin.")] = None,
     text_file: Annotated[Path | None, typer.Option(help="Read the text from a file.")] = None,
@@ -101,6 +105,14 @@ def synth_command(
             "repeated punctuation).",
         ),
     ] = True,
+    stream: Annotated[
+        bool,
+        typer.Option(
+            "--stream",
+            help="Write the audio while it is generated: '--output -' sends raw 16-bit PCM "
+            "(24 kHz mono) to stdout, a .wav name gets a WAV, other names raw PCM.",
+        ),
+    ] = False,
     profile: Annotated[bool, typer.Option("--profile", help="Print where the time went.")] = False,
     quiet: Quiet = False,
     verbose: Verbose = False,
@@ -134,27 +146,30 @@ def synth_command(
         llama_cpp=None,
         engine=Engine.AUTO,
     )
+    options = dict(reference=reference, instruction=instruction, tokens=tokens, quality=quality,
+                   language=language, seed=seed, sound_event=sound_event,
+                   ambient_sound=ambient_sound, normalize=normalize)  # fmt: skip
     with progress_for(mode) as bar:
-        result = synth_to_wav(
-            settings,
-            output,
-            words,
-            reference=reference,
-            instruction=instruction,
-            tokens=tokens,
-            quality=quality,
-            language=language,
-            seed=seed,
-            progress=bar,
-            sound_event=sound_event,
-            ambient_sound=ambient_sound,
-            normalize=normalize,
-        )
+        result = _speak(settings, output, words, stream, bar, options)
     p = result.profile
     info(mode, f"{p.frames} frames, {p.audio_s:.2f} s of audio in {p.total_s:.1f} s")
     if settings.profile:
-        stdout.print(_profile_table(p))
-    typer.echo(str(result.output))
+        (stderr if result.output is None else stdout).print(_profile_table(p))
+    if result.output is not None:
+        typer.echo(str(result.output))
+
+
+def _speak(settings: SynthConfig, output: Path, words: str, stream: bool, bar, options: dict):
+    """A WAV written at the end, or (--stream) the audio written as it is made: raw 16-bit
+    PCM to stdout for `--output -`, a WAV for a .wav file, raw PCM for any other name."""
+    if not stream:
+        if str(output) == "-":
+            raise UsageError("--output - writes to stdout, which needs --stream")
+        return synth_to_wav(settings, output, words, progress=bar, **options)
+    if str(output) == "-":
+        return synth_stream(settings, sys.stdout.buffer, words, "pcm", progress=bar, **options)
+    fmt = "wav" if output.suffix.lower() == ".wav" else "pcm"
+    return synth_stream(settings, output, words, fmt, progress=bar, **options)
 
 
 def _read_text(text: str | None, text_file: Path | None) -> str:

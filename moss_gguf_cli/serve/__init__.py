@@ -10,6 +10,8 @@ What lives here:
 - scheduler.py  Scheduler: owns the Synthesizer, a bounded queue and the one worker thread
                 that runs jobs in order (the synthesizer is not thread-safe); routes submit
                 jobs to it and never touch the synthesizer themselves
+- streams.py    streamed speech: stream_format "audio" (pcm/wav chunks) and "sse" (OpenAI's
+                speech.audio.delta / speech.audio.done events); the disconnect watch
 - metrics.py    Prometheus counters, gauges and histograms (prometheus_client)
 - routes.py     the FastAPI app: /v1/audio/speech, /v1/audio/voices, /v1/models, /health,
                 /metrics; authentication and error rendering

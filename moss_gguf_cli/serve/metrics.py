@@ -8,6 +8,9 @@
 - moss_gguf_generated_frames_total, moss_gguf_generation_seconds_total
                                                 audio frames and the generation time they took
 - moss_gguf_generation_frames_per_second        of the last request (its generation loop)
+- moss_gguf_streams_abandoned_total             streamed requests whose client left midway
+- moss_gguf_batch_size                          requests generating together now
+- moss_gguf_batch_size_max                      the most that ever generated together
 """
 
 from __future__ import annotations
@@ -35,7 +38,13 @@ PATHS = frozenset(
 
 
 class Metrics:
-    def __init__(self, queue_length: Callable[[], float], busy: Callable[[], float]):
+    def __init__(
+        self,
+        queue_length: Callable[[], float],
+        busy: Callable[[], float],
+        batch: Callable[[], float] = lambda: 0.0,
+        batch_max: Callable[[], float] = lambda: 0.0,
+    ):
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -49,6 +58,10 @@ class Metrics:
         Gauge("moss_gguf_queue_length", "Requests waiting behind the running one.",
               registry=r).set_function(queue_length)  # fmt: skip
         Gauge("moss_gguf_busy", "1 while a request runs.", registry=r).set_function(busy)
+        Gauge("moss_gguf_batch_size", "Requests generating together now.",
+              registry=r).set_function(batch)  # fmt: skip
+        Gauge("moss_gguf_batch_size_max", "The most requests that generated together.",
+              registry=r).set_function(batch_max)  # fmt: skip
         self.audio_seconds = Counter(
             "moss_gguf_audio_seconds", "Seconds of audio produced.", registry=r
         )
@@ -56,6 +69,10 @@ class Metrics:
         self.generation_seconds = Counter(
             "moss_gguf_generation_seconds", "Time spent generating frames.", registry=r
         )
+        self.streams_abandoned = Counter(
+            "moss_gguf_streams_abandoned", "Streamed requests whose client left midway.",
+            registry=r,
+        )  # fmt: skip
         self.frames_per_second = Gauge(
             "moss_gguf_generation_frames_per_second",
             "Audio frames per second of generation, last request.",

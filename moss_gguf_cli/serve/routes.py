@@ -9,12 +9,10 @@ traceback unless MOSS_GGUF_DEBUG=1. With an API key, every route needs
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import logging
 import tempfile
 import time
-from collections.abc import Awaitable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +39,7 @@ from .settings import (
     OPENAI_VOICES,
     ServeSettings,
 )
+from .streams import stream_speech, unless_gone, wants_stream
 from .voices import VoiceStore
 
 log = logging.getLogger(__name__)
@@ -71,10 +70,6 @@ class Service:
             raise ApiError(413, f"input is {len(body.input)} characters, the limit is "
                            f"{MAX_INPUT_CHARS}; split the text into several requests",
                            param="input", code="input_too_long")  # fmt: skip
-        if body.stream_format == "sse":
-            raise ApiError(400, "stream_format 'sse' is not supported yet; leave it out (or "
-                           "send 'audio') for the whole file", param="stream_format",
-                           code="unsupported_value")  # fmt: skip
         codes = None
         if body.voice_name != DEFAULT_VOICE and body.voice_name not in OPENAI_VOICES:
             codes = self.voices.load(body.voice_name).codes
@@ -162,7 +157,10 @@ def _speech_routes(app: FastAPI, service: Service) -> None:
     @app.post("/v1/audio/speech")
     async def speech(body: SpeechRequest, request: Request) -> Response:
         job = service.speech_job(body)
-        result = await _unless_gone(request, service.scheduler.speak(job))
+        if wants_stream(body):
+            return await stream_speech(request, body, job, service.scheduler, service.rate,
+                                       service.metrics.streams_abandoned)  # fmt: skip
+        result = await unless_gone(request, service.scheduler.speak(job))
         data = await run_in_threadpool(
             service.render, result.waveform, body.response_format, body.speed
         )
@@ -184,29 +182,6 @@ def _speech_routes(app: FastAPI, service: Service) -> None:
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(service.metrics.render(), media_type=CONTENT_TYPE)
-
-
-async def _unless_gone(request: Request, work: Awaitable[Any]) -> Any:
-    """WORK's result; if the client disconnects first, WORK is cancelled (the scheduler drops
-    a waiting job and stops a running one at its next step) and a 499 is logged for it."""
-    job = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({job, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-    if not job.done():
-        job.cancel()
-        log.info("%s %s: the client went away; its request was cancelled",
-                 request.method, request.url.path)  # fmt: skip
-        raise ApiError(499, "the client closed the connection", code="client_closed")
-    return job.result()
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns when the client has gone (the body is already read: what comes next is that)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def _voice_routes(app: FastAPI, service: Service) -> None:

@@ -1,15 +1,18 @@
 """Scheduler: the one owner of the Synthesizer, its bounded queue and its worker thread.
 
-The synthesizer is not thread-safe (one llama.cpp context, one KV cache), so one worker
-thread runs the jobs in the order they came. Routes only submit jobs and await them:
+The synthesizer is not thread-safe (one llama.cpp context), so one worker thread drives it:
+speech jobs join its batch engine (tts/engine.py: up to max_batch utterances, one KV
+sequence each, stepped together) in the order they came, as sequences free up; a voice to
+encode runs between two steps. Routes only submit jobs and await them:
 
     result = await scheduler.speak(SpeechJob(text="Hello", seed=1))
+    stream = scheduler.stream(SpeechJob(text="Hello"), loop)   # chunks as they are made
     codes = await scheduler.encode_voice(Path("clip.wav"))
 
-A job that cannot wait is refused at once: 429 when `max_queue` jobs already wait behind the
-running one, 503 once shutdown() was called. A job stops at its next generation step when
-its client goes away or the server stops (the progress reporter it runs with is the
-cancellation point), so a stop takes one step, not one utterance.
+A job that cannot wait is refused at once: 429 when `max_queue` jobs already wait for a free
+sequence, 503 once shutdown() was called. A job stops at its next generation step when its
+client goes away or the server stops (the progress reporter it runs with is the cancellation
+point), and its sequence is free for the next job from the step after.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from ..errors import MossGgufError, is_debug
 from ..hold_points import hold
 from ..progress import NullProgress
 from ..tts import Synthesizer, SynthProfile, SynthResult
+from ..tts.engine import Engine, Utterance
 from .api_errors import ApiError, QueueFull, ShuttingDown
 
 log = logging.getLogger(__name__)
@@ -50,11 +54,22 @@ class SpeechJob:
     max_new_tokens: int | None = None
     sampling: dict[str, float] = field(default_factory=dict)
 
+    def options(self) -> dict[str, Any]:
+        """Synthesizer.prepare's keyword options."""
+        return {"reference_codes": self.reference_codes, "instruction": self.instruction,
+                "seed": self.seed, "max_new_tokens": self.max_new_tokens,
+                "sampling": self.sampling or None}  # fmt: skip
 
-@dataclass
+
+@dataclass(eq=False)
 class _Task:
-    run: Callable[[Synthesizer, NullProgress], Any]
+    """A voice job runs at once (`run`); a speech job makes an utterance (`begin`) that joins
+    the engine, and `end` turns the finished utterance into the job's value."""
+
+    run: Callable[[Synthesizer, NullProgress], Any] | None
     kind: str
+    begin: Callable[[Synthesizer, NullProgress], Utterance] | None = None
+    end: Callable[[Synthesizer, Utterance], Any] | None = None
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     cancel: threading.Event = field(default_factory=threading.Event)
 
@@ -84,7 +99,9 @@ class Scheduler:
         self._on_speech = on_speech
         self._cond = threading.Condition()
         self._waiting: deque[_Task] = deque()
-        self._running: _Task | None = None
+        self._running: list[_Task] = []
+        self._free = tts.engine.width  # free sequences (the worker keeps it current)
+        self.batch_max = 0  # the most utterances stepped together
         self._closing = False
         self._thread = threading.Thread(target=self._work, name="moss-gguf-synth", daemon=True)
 
@@ -92,11 +109,12 @@ class Scheduler:
 
     @property
     def waiting(self) -> int:
-        return len(self._waiting)
+        """Jobs waiting for a free sequence."""
+        return max(0, len(self._waiting) - self._free)
 
     @property
     def busy(self) -> bool:
-        return self._running is not None
+        return bool(self._running)
 
     @property
     def closing(self) -> bool:
@@ -106,21 +124,44 @@ class Scheduler:
         self._thread.start()
 
     async def speak(self, job: SpeechJob) -> SynthResult:
-        def run(tts: Synthesizer, watch: NullProgress) -> SynthResult:
-            return tts.synthesize(
-                job.text,
-                reference_codes=job.reference_codes,
-                instruction=job.instruction,
-                seed=job.seed,
-                max_new_tokens=job.max_new_tokens,
-                sampling=job.sampling or None,
-                progress=watch,
-            )
+        rows: list[np.ndarray] = []
 
-        result = await self._submit(_Task(run, "speech"))
+        def begin(tts: Synthesizer, watch: NullProgress) -> Utterance:
+            return Utterance(tts.prepare(job.text, **job.options()), watch, rows.append)
+
+        def end(tts: Synthesizer, u: Utterance) -> SynthResult:
+            return tts.whole_result(u.run, rows)
+
+        result = await self._submit(_Task(None, "speech", begin, end))
         if self._on_speech is not None:
             self._on_speech(result.profile)
         return result
+
+    def stream(self, job: SpeechJob, loop: asyncio.AbstractEventLoop) -> SpeechStream:
+        """JOB queued now (429/503 raised here); its chunks arrive through the SpeechStream."""
+        stream = SpeechStream(loop, self._on_speech)
+        made: list = []  # the job's Chunker, once it begins
+
+        def begin(tts: Synthesizer, watch: NullProgress) -> Utterance:
+            chunker = tts.chunker()
+            made.append(chunker)
+
+            def on_row(row: np.ndarray) -> None:
+                for chunk in chunker.push(row):
+                    stream.put(chunk)
+
+            return Utterance(tts.prepare(job.text, **job.options()), watch, on_row)
+
+        def end(tts: Synthesizer, u: Utterance) -> SynthProfile:
+            for chunk in made[0].finish():
+                stream.put(chunk)
+            return tts.stream_result(u.run, made[0]).profile
+
+        task = _Task(None, "speech", begin, end)
+        stream.task = task
+        task.future.add_done_callback(stream.finished)
+        self._enqueue(task)
+        return stream
 
     async def encode_voice(self, clip: Path) -> np.ndarray:
         """The reference codes (T, n_vq) of an audio file (any format soundfile reads)."""
@@ -136,13 +177,13 @@ class Scheduler:
             self._closing = True
             dropped = list(self._waiting)
             self._waiting.clear()
-            running = self._running
+            running = list(self._running)
             self._cond.notify_all()
-        for task in [*dropped, *([running] if running else [])]:
+        for task in [*dropped, *running]:
             task.cancel.set()
             _settle(task.future, error=ShuttingDown())
         if dropped or running:
-            log.info("stopping: %d request(s) answered 503", len(dropped) + bool(running))
+            log.info("stopping: %d request(s) answered 503", len(dropped) + len(running))
 
     def close(self, timeout: float = 10.0) -> None:
         """shutdown(), wait for the worker, free the model (unless the worker is stuck in it)."""
@@ -156,49 +197,156 @@ class Scheduler:
 
     # -- inside
 
-    async def _submit(self, task: _Task) -> Any:
+    def _enqueue(self, task: _Task) -> None:
         with self._cond:
             if self._closing:
                 raise ShuttingDown()
-            if len(self._waiting) + (self._running is not None) > self.max_queue:
+            if len(self._waiting) + 1 - self._free > self.max_queue:
                 raise QueueFull(self.max_queue)
             self._waiting.append(task)
             self._cond.notify()
+
+    async def _submit(self, task: _Task) -> Any:
+        self._enqueue(task)
         try:
             return await asyncio.wrap_future(task.future)
         except asyncio.CancelledError:
             task.cancel.set()  # the client went away: drop it, or stop it at its next step
             raise
 
-    def _next(self) -> _Task | None:
+    def _next(self, engine: Engine) -> list[_Task] | None:
+        """The jobs to start now (speech ones as far as sequences are free); None: stop."""
         with self._cond:
-            while not self._waiting and not self._closing:
+            while not self._waiting and not engine.active and not self._closing:
                 self._cond.wait()
             if self._closing:
                 return None
-            task = self._waiting.popleft()
-            self._running = task
-            return task
+            tasks, free = [], len(engine.free)
+            while self._waiting and (self._waiting[0].begin is None or free > 0):
+                task = self._waiting.popleft()
+                free -= task.begin is not None
+                tasks.append(task)
+            self._running += tasks
+            self._free = free
+            return tasks
 
     def _work(self) -> None:
-        while (task := self._next()) is not None:
+        engine = self.tts.engine
+        jobs: dict[int, tuple[Utterance, _Task]] = {}
+        while (tasks := self._next(engine)) is not None:
+            for task in tasks:
+                self._start_task(task, engine, jobs)
+            self.batch_max = max(self.batch_max, len(engine.active))
             try:
-                if task.cancel.is_set() or not task.future.set_running_or_notify_cancel():
-                    continue
+                ended = engine.step()
+            except Exception as exc:  # noqa: BLE001 - the batch failed: its jobs answer
+                ended = [u for u, _ in jobs.values() if u.finished]
+                log.error("a generation step failed: %s", exc, exc_info=is_debug())
+            for u in ended:
+                _, task = jobs.pop(id(u))
+                self._end_task(task, u)
+            with self._cond:
+                self._free = len(engine.free)
+        for u, task in jobs.values():  # stopping: free what still runs (answered 503)
+            engine.leave(u, ShuttingDown())
+            self._done(task)
+
+    def _start_task(self, task: _Task, engine: Engine, jobs: dict) -> None:
+        if task.cancel.is_set() or not task.future.set_running_or_notify_cancel():
+            self._done(task)
+            return
+        try:
+            if task.begin is None:
+                assert task.run is not None
                 _settle(task.future, value=task.run(self.tts, _Watch(task.cancel)))
-            except Cancelled:
-                log.info("a %s request was cancelled at a generation step", task.kind)
-                _settle(task.future, error=ShuttingDown())
-            except MossGgufError as exc:
-                _settle(task.future, error=ApiError.from_core(exc))
-            except Exception as exc:  # noqa: BLE001 - the worker must outlive any one request
-                log.error("unexpected %s in a %s request: %s", type(exc).__name__, task.kind, exc,
-                          exc_info=is_debug())  # fmt: skip
-                _settle(task.future, error=ApiError(500, f"unexpected {type(exc).__name__}: "
-                                                    f"{exc}", code="internal_error"))  # fmt: skip
-            finally:
-                with self._cond:
-                    self._running = None
+                self._done(task)
+                return
+            u = task.begin(self.tts, _Watch(task.cancel))
+            engine.join(u)
+            jobs[id(u)] = (u, task)
+        except Exception as exc:  # noqa: BLE001 - answered; the worker goes on
+            self._fail(task, exc)
+
+    def _end_task(self, task: _Task, u: Utterance) -> None:
+        try:
+            if u.error is not None:
+                raise u.error
+            assert task.end is not None
+            _settle(task.future, value=task.end(self.tts, u))
+            self._done(task)
+        except Exception as exc:  # noqa: BLE001 - answered; the worker goes on
+            self._fail(task, exc)
+
+    def _fail(self, task: _Task, exc: Exception) -> None:
+        if isinstance(exc, Cancelled):
+            log.info("a %s request was cancelled at a generation step", task.kind)
+            _settle(task.future, error=ShuttingDown())
+        elif isinstance(exc, MossGgufError):
+            _settle(task.future, error=ApiError.from_core(exc))
+        else:
+            log.error("unexpected %s in a %s request: %s", type(exc).__name__, task.kind, exc,
+                      exc_info=is_debug())  # fmt: skip
+            _settle(task.future, error=ApiError(500, f"unexpected {type(exc).__name__}: "
+                                                f"{exc}", code="internal_error"))  # fmt: skip
+        self._done(task)
+
+    def _done(self, task: _Task) -> None:
+        with self._cond:
+            if task in self._running:
+                self._running.remove(task)
+
+
+_END = object()
+
+
+class SpeechStream:
+    """The chunks of one streamed job, handed from the worker thread to the event loop.
+
+        stream = scheduler.stream(job, loop)
+        async for chunk in stream: ...      # float32 waveform pieces; errors raise ApiError
+        stream.close()                      # the client left: the job stops at its next step
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_speech=None):
+        self.task: _Task | None = None
+        self.profile: SynthProfile | None = None
+        self.done = False
+        self._loop = loop
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._on_speech = on_speech
+
+    def put(self, chunk: np.ndarray) -> None:  # worker thread
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, chunk)
+
+    def finished(self, future: concurrent.futures.Future) -> None:  # worker thread
+        error = future.exception() if not future.cancelled() else ShuttingDown()
+        item = error if error is not None else (_END, future.result())
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+    def __aiter__(self) -> SpeechStream:
+        return self
+
+    async def __anext__(self) -> np.ndarray:
+        if self.done:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self.done = True
+            raise item
+        if isinstance(item, tuple) and item[0] is _END:
+            self.done, self.profile = True, item[1]
+            if self._on_speech is not None:
+                self._on_speech(self.profile)
+            raise StopAsyncIteration
+        return item
+
+    def close(self) -> None:
+        """Stop the job (if it still runs or waits); harmless once it has ended."""
+        if self.task is not None and not self.done:
+            self.task.cancel.set()
 
 
 def _settle(future: concurrent.futures.Future, value: Any = None, error: Exception | None = None):

@@ -92,10 +92,11 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def _load(settings: ServeSettings, config: SynthConfig) -> Service:
-    tts = Synthesizer(config)
+    tts = Synthesizer(config, max_batch=settings.max_batch)
     try:
         # the gauges read the scheduler when scraped; it is made right after
-        metrics = Metrics(lambda: scheduler.waiting, lambda: float(scheduler.busy))
+        metrics = Metrics(lambda: scheduler.waiting, lambda: float(scheduler.busy),
+                          lambda: len(tts.engine.active), lambda: scheduler.batch_max)  # fmt: skip
         scheduler = Scheduler(tts, settings.max_queue, on_speech=metrics.observe_speech)
         voices = VoiceStore(settings.voices_dir, tts.info.n_vq)
         created = int(Path(config.backbone_gguf).stat().st_mtime)

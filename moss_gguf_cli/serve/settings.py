@@ -28,7 +28,8 @@ class ServeSettings:
     port: int = 8000  # 0: any free port (the one chosen is announced)
     api_key: str | None = None
     voices: Path | None = None  # default: voices/ beside the config
-    max_queue: int = 16  # requests waiting behind the running one; more get 429
+    max_queue: int = 16  # requests waiting for a free sequence; more get 429
+    max_batch: int = 4  # requests generated together, one KV sequence (n_ctx positions) each
 
     @property
     def voices_dir(self) -> Path:
@@ -38,6 +39,8 @@ class ServeSettings:
         """Refuse settings that cannot work or that expose the model to a network unguarded."""
         if not 0 <= self.port <= 65535:
             raise UsageError(f"--port must be 0..65535, got {self.port}")
+        if self.max_batch < 1:
+            raise UsageError(f"--max-batch must be 1 or more, got {self.max_batch}")
         if self.max_queue < 0:
             raise UsageError(f"--max-queue must be 0 or more, got {self.max_queue}")
         if self.api_key is not None and not self.api_key.strip():

@@ -7,14 +7,21 @@ with Synthesizer(SynthConfig.from_yaml("weights-demo/moss-tts.yaml")) as tts:
 
 Holds: config (the synth YAML; defaults in defaults.py), prompt, delay (the delay pattern's
 state machine), sampling, embeddings, heads, backbone (llama.cpp), codec (the ONNX audio
-tokenizer), normalize, synthesizer (the loop).
+tokenizer), normalize, synthesizer (the loop), streaming (windowed decoding while it speaks).
 
 May import: source/, quantize/, gguf/ (its own tier), disk/, native/ and the top level
 (errors, progress, report, hold_points); never verify/, doctor/, pipeline/ or cli/.
 """
 
 from .config import ModelInfo, SynthConfig
-from .synthesizer import Synthesizer, SynthProfile, SynthResult, synth_to_wav, write_wav
+from .synthesizer import (
+    Synthesizer,
+    SynthProfile,
+    SynthResult,
+    synth_stream,
+    synth_to_wav,
+    write_wav,
+)
 
 __all__ = [
     "ModelInfo",
@@ -22,6 +29,7 @@ __all__ = [
     "SynthProfile",
     "SynthResult",
     "Synthesizer",
+    "synth_stream",
     "synth_to_wav",
     "write_wav",
 ]

@@ -17,6 +17,14 @@ row on its own instead changes its bits (other matmul kernels: K-quant repacked
 gemm vs gemv), and a near-tie in greedy decoding then flips a code.
 Generation steps are single rows, embeddings on.
 
+Several utterances at once (`n_seq` > 1, serve's --max-batch): one KV sequence each, in
+separate KV streams (`kv_unified` off), so a sequence's cache cells, and with them the order
+its attention sums in, do not depend on the others; each of n_ctx positions. `step_many`
+decodes one row per sequence in one llama_batch, always `n_seq` rows wide (idle sequences get
+a throw-away row, removed after): llama.cpp picks its matmul kernels by the batch's width
+(vector kernels for 1 row, tiled ones for more), so a fixed width keeps a sequence's bits
+independent of how many others are being served.
+
 llama.cpp's log lines go to this module's logger at DEBUG level (shown with
 ``--verbose``); its recent error lines are kept to explain a failure.
 """
@@ -101,6 +109,7 @@ class BackboneSettings:
     kv_cache_type_k: str = "f16"
     kv_cache_type_v: str = "f16"
     flash_attn: str = "auto"
+    n_seq: int = 1  # sequences decoded together, each with n_ctx positions
 
 
 class Backbone:
@@ -146,10 +155,12 @@ class Backbone:
         self.n_embd = int(lc.llama_model_n_embd(self._model))
         self.n_vocab = int(lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self._model)))
         cparams = lc.llama_context_default_params()
-        cparams.n_ctx = settings.n_ctx
-        cparams.n_batch = settings.n_batch
-        cparams.n_ubatch = settings.n_batch
-        cparams.n_seq_max = 1
+        n_seq = max(1, settings.n_seq)
+        cparams.n_ctx = settings.n_ctx * n_seq
+        cparams.n_batch = max(settings.n_batch, n_seq)
+        cparams.n_ubatch = max(settings.n_batch, n_seq)
+        cparams.n_seq_max = n_seq
+        cparams.kv_unified = False
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.embeddings = True
@@ -165,7 +176,8 @@ class Backbone:
                 hint="lower n_ctx, or use f16 KV caches (quantized V needs flash_attn)",
             )
         # llama.cpp may round the context up; the configured size is the limit we keep
-        self.n_ctx = min(settings.n_ctx, int(lc.llama_n_ctx(self._ctx)))
+        self.n_seq = n_seq
+        self.n_ctx = min(settings.n_ctx, int(lc.llama_n_ctx(self._ctx)) // n_seq)
         self.n_batch = int(lc.llama_n_batch(self._ctx))
         self._memory = lc.llama_get_memory(self._ctx)
         self._batch = lc.llama_batch_init(self.n_batch, self.n_embd, 1)
@@ -173,46 +185,61 @@ class Backbone:
         self._embd = np.ctypeslib.as_array(b.embd, shape=(self.n_batch, self.n_embd))
         self._pos = np.ctypeslib.as_array(b.pos, shape=(self.n_batch,))
         self._flags = np.ctypeslib.as_array(b.logits, shape=(self.n_batch,))
-        n_seq = np.ctypeslib.as_array(b.n_seq_id, shape=(self.n_batch,))
-        n_seq[:] = 1
+        np.ctypeslib.as_array(b.n_seq_id, shape=(self.n_batch,))[:] = 1
         for i in range(self.n_batch):
             b.seq_id[i][0] = 0
         self._hidden = np.empty(self.n_embd, dtype=np.float32)
         self._logits = np.empty(self.n_vocab, dtype=np.float32)
-        self.n_past = 0
+        self._hidden_rows = np.empty((n_seq, self.n_embd), dtype=np.float32)
+        self._logit_rows = np.empty((n_seq, self.n_vocab), dtype=np.float32)
+        self._past = np.zeros(n_seq, dtype=np.int64)  # positions filled, per sequence
         self._embeddings_on = True
 
     # -- state
 
-    def reset(self) -> None:
-        """Forget the previous utterance: clear the KV cache."""
-        self._lc.llama_memory_clear(self._memory, True)
-        self.n_past = 0
+    @property
+    def n_past(self) -> int:
+        return int(self._past[0])
+
+    def reset(self, seq: int | None = None) -> None:
+        """Forget the previous utterance of SEQ (of every sequence if None)."""
+        if seq is None:
+            self._lc.llama_memory_clear(self._memory, True)
+            self._past[:] = 0
+        else:
+            self._lc.llama_memory_seq_rm(self._memory, seq, -1, -1)
+            self._past[seq] = 0
 
     def _set_embeddings(self, on: bool) -> None:
         if on != self._embeddings_on:
             self._lc.llama_set_embeddings(self._ctx, on)
             self._embeddings_on = on
 
-    def _decode(self, rows: np.ndarray, want_output: bool) -> None:
+    def _decode(self, rows: np.ndarray, want_output: bool, seq: int = 0) -> None:
         n = rows.shape[0]
-        if self.n_past + n > self.n_ctx:
+        past = int(self._past[seq])
+        if past + n > self.n_ctx:
             raise InputError(
-                f"the sequence needs {self.n_past + n} positions but n_ctx is {self.n_ctx}",
+                f"the sequence needs {past + n} positions but n_ctx is {self.n_ctx}",
                 hint="raise n_ctx in the config, or shorten the text / reference",
             )
         self._embd[:n] = rows
-        self._pos[:n] = np.arange(self.n_past, self.n_past + n, dtype=np.int32)
+        self._pos[:n] = np.arange(past, past + n, dtype=np.int32)
+        for i in range(n):
+            self._batch.seq_id[i][0] = seq
         self._flags[:n] = 0
         if want_output:
             self._flags[n - 1] = 1
         self._set_embeddings(want_output)
+        self._run(n)
+        self._past[seq] += n
+
+    def _run(self, n: int) -> None:
         self._batch.n_tokens = n
         rc = self._lc.llama_decode(self._ctx, self._batch)
         if rc != 0:
             why = "no free KV-cache slot" if rc == 1 else _last_error()
             raise ToolError(f"llama_decode failed ({rc}): {why}", hint="raise n_ctx or n_batch")
-        self.n_past += n
 
     def _outputs(self) -> tuple[np.ndarray, np.ndarray]:
         lc = self._lc
@@ -228,7 +255,7 @@ class Backbone:
 
     # -- work
 
-    def prefill(self, embeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def prefill(self, embeds: np.ndarray, seq: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Feed the prompt's (S, n_embd) rows; the outputs of its last row.
 
         The returned arrays are reused (overwritten) by the next call."""
@@ -237,21 +264,56 @@ class Backbone:
             raise InputError(
                 f"prompt embeddings have shape {embeds.shape}, need (S, {self.n_embd})"
             )
-        if self.n_past + embeds.shape[0] > self.n_ctx:
+        if self._past[seq] + embeds.shape[0] > self.n_ctx:
             raise InputError(
                 f"the prompt is {embeds.shape[0]} rows but n_ctx is {self.n_ctx}",
                 hint="raise n_ctx in the config, or shorten the text / reference",
             )
         last = (embeds.shape[0] - 1) // self.n_batch * self.n_batch  # final chunk's start
         for start in range(0, last, self.n_batch):
-            self._decode(embeds[start : start + self.n_batch], want_output=False)
-        self._decode(embeds[last:], want_output=True)  # every row of it is output
+            self._decode(embeds[start : start + self.n_batch], want_output=False, seq=seq)
+        self._decode(embeds[last:], want_output=True, seq=seq)  # every row of it is output
         return self._outputs()
 
     def step(self, embed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Feed one (n_embd,) row; its hidden state and text logits (reused buffers)."""
         self._decode(embed.reshape(1, -1), want_output=True)
         return self._outputs()
+
+    def step_many(self, embeds: np.ndarray, seqs: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """One row per sequence of SEQS (distinct), decoded together, n_seq rows wide; the
+        (len(seqs), n_embd) hidden states and (len(seqs), n_vocab) logits (reused buffers)."""
+        n = len(seqs)
+        if self.n_seq == 1:  # the single-sequence path of `step`, bit for bit
+            hidden, logits = self.step(embeds[0])
+            self._hidden_rows[0], self._logit_rows[0] = hidden, logits
+            return self._hidden_rows[:1], self._logit_rows[:1]
+        idle = [s for s in range(self.n_seq) if s not in seqs]
+        order = list(seqs) + idle
+        width = self.n_seq
+        if np.any(self._past[list(seqs)] + 1 > self.n_ctx):
+            raise InputError(f"a sequence needs more than n_ctx {self.n_ctx} positions",
+                             hint="raise n_ctx in the config")  # fmt: skip
+        self._embd[:n] = embeds
+        self._embd[n:width] = 0.0  # throw-away rows of idle sequences
+        for i, seq in enumerate(order):
+            self._batch.seq_id[i][0] = seq
+            self._pos[i] = self._past[seq]
+        self._flags[:width] = 1
+        self._set_embeddings(True)
+        self._run(width)
+        lc = self._lc
+        for i in range(n):
+            emb = lc.llama_get_embeddings_ith(self._ctx, i)
+            logits = lc.llama_get_logits_ith(self._ctx, i)
+            if not emb or not logits:
+                raise ToolError(f"llama.cpp returned no output row: {_last_error()}")
+            self._hidden_rows[i] = np.ctypeslib.as_array(emb, shape=(self.n_embd,))
+            self._logit_rows[i] = np.ctypeslib.as_array(logits, shape=(self.n_vocab,))
+        for seq in idle:  # the throw-away rows leave nothing behind
+            lc.llama_memory_seq_rm(self._memory, seq, int(self._past[seq]), -1)
+        self._past[list(seqs)] += 1
+        return self._hidden_rows[:n], self._logit_rows[:n]
 
     def hidden_states(self, embeds: np.ndarray) -> np.ndarray:
         """Final-norm hidden states of every row (S, n_embd), from an empty cache (for checks)."""

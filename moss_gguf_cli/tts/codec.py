@@ -39,21 +39,30 @@ GAIN_RANGE_DB = (-3.0, 3.0)
 # ---------------------------------------------------------------- audio helpers
 
 
-def loudness_normalize(wav: np.ndarray) -> np.ndarray:
-    """RMS to −20 dBFS, the gain limited to ±3 dB (as the upstream processor does).
+def loudness_gain(wav: np.ndarray) -> np.float32:
+    """The factor that brings WAV's RMS to −20 dBFS, limited to ±3 dB (as the upstream
+    processor does); 1 for an empty WAV.
 
     The level is measured in float32 throughout (mean square, + 1e-9, square root,
     20·log10), as upstream's llama.cpp backend measures it: a float64 level moves the
     gain, and so every output sample, by an ulp whenever the gain is not clamped."""
     wav = np.asarray(wav, dtype=np.float32)
-    if wav.size == 0:
-        return wav
     f32 = np.float32
+    if wav.size == 0:
+        return f32(1.0)
     rms = np.sqrt(np.mean(np.square(wav), dtype=f32) + f32(1e-9))
     current = f32(20.0) * np.log10(rms)
     gain = float(f32(TARGET_DBFS) - current)
     gain = min(max(gain, GAIN_RANGE_DB[0]), GAIN_RANGE_DB[1])
-    return (wav * f32(10.0 ** (gain / 20.0))).astype(np.float32)
+    return f32(10.0 ** (gain / 20.0))
+
+
+def loudness_normalize(wav: np.ndarray) -> np.ndarray:
+    """WAV times its `loudness_gain`."""
+    wav = np.asarray(wav, dtype=np.float32)
+    if wav.size == 0:
+        return wav
+    return (wav * loudness_gain(wav)).astype(np.float32)
 
 
 def _kernel_table(up: int, down: int, zeros: int = 16, beta: float = 8.6) -> tuple[np.ndarray, int]:

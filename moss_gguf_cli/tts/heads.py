@@ -121,6 +121,22 @@ class AudioHeads:
         out[:, self.pad] = -np.inf
         return out
 
+    def logits_rows(self, hidden: np.ndarray, width: int) -> np.ndarray:
+        """(n, n_vq, audio_rows) logits of n hidden states (n ≤ WIDTH), pad column −inf.
+
+        Always WIDTH rows wide (zeros after the n given): BLAS picks its kernels and blocks
+        by the shape, so a fixed shape keeps a row's bits independent of the other rows.
+        WIDTH 1 is `logits`' matrix-vector product. A fresh array."""
+        n = hidden.shape[0]
+        if width == 1 or self._ggml is not None:  # ggml's graph is one vector wide
+            out = np.stack([self.logits(h).copy() for h in hidden])
+            return out.reshape(n, self.n_vq, self.rows)
+        padded = np.zeros((width, self.hidden), dtype=np.float32)
+        padded[:n] = hidden
+        out = np.matmul(padded, self._stacked.T)[:n].reshape(n, self.n_vq, self.rows)
+        out[:, :, self.pad] = -np.inf
+        return out
+
     def close(self) -> None:
         if self._ggml is not None:
             self._ggml.close()

@@ -16,67 +16,42 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from ..errors import InputError, OutputError, UsageError
 from ..progress import ProgressReporter, ensure
 from .backbone import Backbone, BackboneSettings
-from .codec import FRAME_SAMPLES, SAMPLE_RATE, AudioCodec, loudness_normalize, read_reference
+from .codec import (
+    SAMPLE_RATE,
+    AudioCodec,
+    loudness_normalize,
+    read_reference,
+)
 from .config import SAMPLING_KEYS, ModelInfo, SynthConfig, find_model_info
-from .delay import DelayMachine, StepPlan, generated_segments
+from .delay import generated_segments
 from .embeddings import EmbeddingTables
+from .engine import Engine, Run, SynthProfile, Utterance
 from .heads import AudioHeads
 from .normalize import normalize_text
 from .prompt import Prompt, PromptFields, build_prompt, load_tokenizer
 from .sampling import Sampler, SamplingParams
+from .streaming import (
+    Chunker,
+    FrameAssembler,
+    ReceptiveField,
+    StreamSettings,
+    WindowDecoder,
+    pcm16,
+    probe_receptive_field,
+    wav_header,
+)
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class SynthProfile:
-    """Where the time of one `generate` went (seconds unless named otherwise)."""
-
-    prompt_rows: int = 0
-    reference_frames: int = 0
-    steps: int = 0
-    frames: int = 0
-    segments: int = 0
-    stopped: bool = False  # the model ended with <|im_end|> (else max_new_tokens/n_ctx)
-    reference_s: float = 0.0
-    prefill_s: float = 0.0
-    embed_s: float = 0.0
-    backbone_s: float = 0.0
-    heads_s: float = 0.0
-    sampling_s: float = 0.0
-    decode_s: float = 0.0
-    total_s: float = 0.0
-    heads_backend: str = ""
-
-    @property
-    def audio_s(self) -> float:
-        return self.frames * FRAME_SAMPLES / SAMPLE_RATE
-
-    @property
-    def prefill_tokens_per_s(self) -> float:
-        return self.prompt_rows / self.prefill_s if self.prefill_s > 0 else 0.0
-
-    @property
-    def steps_per_s(self) -> float:
-        loop = self.embed_s + self.backbone_s + self.heads_s + self.sampling_s
-        return self.steps / loop if loop > 0 else 0.0
-
-    def per_step_ms(self, part: str) -> float:
-        return 1000.0 * getattr(self, f"{part}_s") / self.steps if self.steps else 0.0
-
-    @property
-    def real_time_factor(self) -> float:
-        """Wall time / audio time: below 1 is faster than real time."""
-        return self.total_s / self.audio_s if self.audio_s > 0 else float("inf")
 
 
 @dataclass
@@ -91,7 +66,7 @@ class SynthResult:
 class Synthesizer:
     """Loads the weights once; `generate` as often as wanted. Close it (or use `with`)."""
 
-    def __init__(self, config: SynthConfig):
+    def __init__(self, config: SynthConfig, max_batch: int = 1):
         config.check_files()
         self.config = config
         self.info: ModelInfo = find_model_info(config)
@@ -133,6 +108,7 @@ class Synthesizer:
                     kv_cache_type_k=config.kv_cache_type_k,
                     kv_cache_type_v=config.kv_cache_type_v,
                     flash_attn=config.flash_attn,
+                    n_seq=max_batch,
                 ),
             )
             if self.backbone.n_embd != self.embeddings.hidden:
@@ -147,6 +123,8 @@ class Synthesizer:
             raise
         self.last_profile: SynthProfile | None = None
         self.last_result: SynthResult | None = None
+        self._reach: ReceptiveField | None = None
+        self.engine = Engine(self.backbone, self.embeddings, self.heads, self.info, max_batch)
 
     # -- lifetime
 
@@ -182,6 +160,94 @@ class Synthesizer:
         return self.synthesize(text, **options).waveform
 
     def synthesize(
+        self, text: str, progress: ProgressReporter | None = None, **options: Any
+    ) -> SynthResult:
+        """Like `generate`, returning the codes, rows and profile too.
+
+        Options (keywords; `prepare` lists their types): reference (a path or a 24 kHz
+        array), reference_codes, instruction, tokens, quality, sound_event, ambient_sound,
+        language, max_new_tokens, seed; ``normalize``: clean TEXT as the reference processor
+        does (tts/normalize.py) first; ``sampling``: this call's values of the config's
+        sampling keys (text_temperature, audio_top_k, ...; SAMPLING_KEYS), checked as the
+        YAML's are.
+        """
+        run = self.prepare(text, **options)
+        progress = ensure(progress)
+        rows = list(self._rows(run, progress))
+        return self.whole_result(run, rows, progress)
+
+    def whole_result(
+        self, run: Run, rows: list[np.ndarray], progress: ProgressReporter | None = None
+    ) -> SynthResult:
+        """An utterance's generated rows decoded whole (`synthesize`, serve), kept as
+        `last_result`; OutputError if they hold no complete frame."""
+        progress = ensure(progress)
+        profile = run.profile
+        rows = np.array(rows, dtype=np.int64).reshape(-1, 1 + self.info.n_vq)
+        segments = _complete_frames(generated_segments(rows, self.info), self.info.audio_pad_code)
+        if not segments:
+            raise _no_frames(profile)
+        waveform = self._decode(segments, profile, progress)
+        profile.total_s = time.perf_counter() - run.t_start
+        result = SynthResult(waveform=waveform, codes=segments, rows=rows, profile=profile)
+        self.last_profile, self.last_result = profile, result
+        return result
+
+    def stream(
+        self,
+        text: str,
+        window: StreamSettings | None = None,
+        progress: ProgressReporter | None = None,
+        **options: Any,
+    ) -> Iterator[np.ndarray]:
+        """The waveform for TEXT in chunks (float32, 24 kHz) as it is generated.
+
+        Takes `synthesize`'s keyword options. The chunks joined equal `synthesize`'s raw
+        decode (the decoder gets the left context it needs, tts/streaming.py); the loudness
+        gain is the one `synthesize` would use for the first window (the whole utterance is
+        not known yet) and is held for the rest. Afterwards `last_result` holds the
+        joined waveform, codes, rows and profile.
+        """
+        run = self.prepare(text, **options)
+        chunker = self.chunker(window)
+        for row in self._rows(run, ensure(progress)):
+            yield from chunker.push(row)
+        yield from chunker.finish()
+        self.stream_result(run, chunker)
+
+    def chunker(self, window: StreamSettings | None = None) -> Chunker:
+        """What turns one utterance's rows into its streamed chunks (`stream`, serve)."""
+        assert self.codec is not None
+        return Chunker(
+            WindowDecoder(self.codec, self.receptive_field(), window or StreamSettings()),
+            FrameAssembler(self.info.n_vq, self.info.audio_pad_code),
+        )
+
+    def stream_result(self, run: Run, chunker: Chunker) -> SynthResult:
+        """The result of a streamed utterance (after `chunker.finish()`), kept as
+        `last_result`; OutputError if it made no audio."""
+        profile, decoder = run.profile, chunker.decoder
+        profile.frames, profile.segments = decoder.frames, len(decoder.segments)
+        profile.decode_s = decoder.decode_s
+        profile.total_s = time.perf_counter() - run.t_start
+        if not chunker.pieces:
+            raise _no_frames(profile)
+        result = SynthResult(
+            waveform=np.concatenate(chunker.pieces), codes=decoder.segments,
+            rows=np.array(chunker.rows, dtype=np.int64), profile=profile,
+        )  # fmt: skip
+        self.last_profile, self.last_result = profile, result
+        return result
+
+    def receptive_field(self) -> ReceptiveField:
+        """The loaded audio decoder's reach in frames (measured once, tts/streaming.py)."""
+        if self._reach is None:
+            assert self.codec is not None
+            self._reach = probe_receptive_field(self.codec, self.info.audio_vocab_size)
+            log.info("audio decoder reach: %s", self._reach)
+        return self._reach
+
+    def prepare(
         self,
         text: str,
         reference: str | Path | np.ndarray | None = None,
@@ -194,23 +260,15 @@ class Synthesizer:
         max_new_tokens: int | None = None,
         seed: int | None = None,
         reference_codes: np.ndarray | None = None,
-        progress: ProgressReporter | None = None,
         normalize: bool = True,
         sampling: dict[str, float] | None = None,
-    ) -> SynthResult:
-        """Like `generate`, returning the codes, rows and profile too.
-
-        ``normalize``: clean TEXT as the reference processor does (tts/normalize.py) first.
-        ``sampling``: this call's values of the config's sampling keys (text_temperature,
-        audio_top_k, ...; SAMPLING_KEYS), checked as the YAML's are.
-        """
+    ) -> Run:
+        """What one utterance starts from: its prompt, step budget and sampler."""
         if self.backbone is None or self.codec is None:
             raise InputError("the synthesizer is closed")
         sampler_config = self._sampling_config(sampling)
-        progress = ensure(progress)
         profile = SynthProfile(heads_backend=self.heads.backend)
         t_start = time.perf_counter()
-
         fields = PromptFields(
             text=normalize_text(text) if normalize else text,
             instruction=instruction,
@@ -222,21 +280,8 @@ class Synthesizer:
         )
         prompt = self._prompt(fields, reference, reference_codes, profile)
         steps_allowed = self._steps_allowed(prompt.rows.shape[0], max_new_tokens)
-        rows = self._generate_rows(
-            prompt, steps_allowed, self._sampler(seed, sampler_config), profile, progress
-        )
-
-        segments = _complete_frames(generated_segments(rows, self.info), self.info.audio_pad_code)
-        if not segments:
-            raise OutputError(
-                f"the model produced no complete audio frame in {profile.steps} steps",
-                hint="raise --max-new-tokens or try another --seed",
-            )
-        waveform = self._decode(segments, profile, progress)
-        profile.total_s = time.perf_counter() - t_start
-        result = SynthResult(waveform=waveform, codes=segments, rows=rows, profile=profile)
-        self.last_profile, self.last_result = profile, result
-        return result
+        sampler = self._sampler(seed, sampler_config)
+        return Run(prompt, steps_allowed, sampler, profile, t_start)
 
     def _prompt(
         self,
@@ -300,83 +345,20 @@ class Synthesizer:
             seed=seed,
         )
 
-    def _generate_rows(
-        self,
-        prompt: Prompt,
-        steps_allowed: int,
-        sampler: Sampler,
-        profile: SynthProfile,
-        progress: ProgressReporter,
-    ) -> np.ndarray:
-        """Prefill, then one row per step until the model ends or the budget is spent; the
-        generated rows (G, 1 + n_vq). Timings and the step count go to ``profile``."""
-        backbone, info = self.backbone, self.info
-        assert backbone is not None
-        machine = DelayMachine(info, prompt.rows)
-        generated = np.empty((steps_allowed, 1 + info.n_vq), dtype=np.int64)
-        embed = np.empty(self.embeddings.hidden, dtype=np.float32)
-
-        backbone.reset()
-        t0 = time.perf_counter()
-        hidden, logits = backbone.prefill(self.embeddings.sum_rows(prompt.rows))
-        profile.prefill_s = time.perf_counter() - t0
-
-        progress.start("synth", "generating", total=steps_allowed, unit="steps")
-        count = 0
-        frames = 0
-        clock = time.perf_counter
+    def _rows(self, run: Run, progress: ProgressReporter) -> Iterator[np.ndarray]:
+        """One utterance alone in the engine: its rows (1 + n_vq) as they are generated."""
+        made: list[np.ndarray] = []
+        u = Utterance(run, progress, made.append)
+        self.engine.join(u)
         try:
-            for count in range(1, steps_allowed + 1):
-                row, plan = self._next_row(machine, sampler, hidden, logits, profile)
-                generated[count - 1] = row
-                t1 = clock()
-                if plan.audio_start == 0 and plan.audio_stop > 0:
-                    frames += 1  # codebook 0 sampled: a new frame begins
-                progress.advance(
-                    "synth",
-                    1,
-                    description=f"generating: {frames} frames, "
-                    f"{frames * FRAME_SAMPLES / SAMPLE_RATE:.2f} s of audio",
-                )
-                if machine.done or count == steps_allowed:
-                    break
-                self.embeddings.sum_row(row, embed)
-                t2 = clock()
-                hidden, logits = backbone.step(embed)
-                t3 = clock()
-                profile.embed_s += t2 - t1
-                profile.backbone_s += t3 - t2
+            while not u.finished:
+                self.engine.step()
+                yield from made
+                made.clear()
         finally:
-            progress.finish("synth")
-        profile.steps = count
-        profile.stopped = machine.done
-        return generated[:count]
-
-    def _next_row(
-        self,
-        machine: DelayMachine,
-        sampler: Sampler,
-        hidden: np.ndarray,
-        logits: np.ndarray,
-        profile: SynthProfile,
-    ) -> tuple[np.ndarray, StepPlan]:
-        """One step's row: the text id, and the audio codes where the delay pattern samples
-        them (only then do the audio heads run). Heads and sampling time go to ``profile``."""
-        clock = time.perf_counter
-        t0 = clock()
-        plan = machine.plan()
-        text_id = machine.choose_text(logits, sampler, plan)
-        codes = None
-        t_heads = 0.0
-        if plan.needs_audio:
-            t1 = clock()
-            audio_logits = self.heads.logits(hidden, plan.audio_start, plan.audio_stop)
-            t_heads = clock() - t1
-            codes = machine.choose_audio(audio_logits, sampler, plan)
-        row = machine.advance(text_id, codes, plan)
-        profile.heads_s += t_heads
-        profile.sampling_s += clock() - t0 - t_heads
-        return row, plan
+            self.engine.leave(u)  # a consumer that stops early frees the sequence
+        if u.error is not None:
+            raise u.error
 
     def _decode(
         self, segments: list[np.ndarray], profile: SynthProfile, progress: ProgressReporter
@@ -395,6 +377,13 @@ class Synthesizer:
         profile.frames = int(sum(s.shape[0] for s in segments))
         profile.segments = len(segments)
         return waveform
+
+
+def _no_frames(profile: SynthProfile) -> OutputError:
+    return OutputError(
+        f"the model produced no complete audio frame in {profile.steps} steps",
+        hint="raise --max-new-tokens or try another --seed",
+    )
 
 
 def _complete_frames(segments: list[np.ndarray], pad: int) -> list[np.ndarray]:
@@ -472,3 +461,63 @@ def synth_to_wav(
         rate = tts.info.sampling_rate  # the model's (checked against the codec's on load)
     result.output = write_wav(output, result.waveform, rate)
     return result
+
+
+def synth_stream(
+    config: SynthConfig,
+    output: Path | BinaryIO,
+    text: str,
+    fmt: str = "pcm",
+    progress: ProgressReporter | None = None,
+    **options: Any,
+) -> SynthResult:
+    """Load, speak TEXT and write its audio as it is generated (`moss-gguf synth --stream`):
+    FMT "pcm" (16-bit little-endian mono) or "wav", to OUTPUT, a file (under a temporary
+    name, renamed when complete, its WAV header's sizes filled in then) or an open binary
+    stream such as stdout (a WAV there says its sizes are unknown). Takes `synthesize`'s
+    keyword options."""
+    if fmt not in ("pcm", "wav"):
+        raise UsageError(f"a stream is pcm or wav, not {fmt!r}")
+    if not isinstance(text, str) or not text.strip():
+        raise InputError("the text to speak is empty", hint="pass --text or --text-file")
+    if isinstance(output, Path) and (output.is_dir() or not output.parent.is_dir()):
+        raise OutputError("not a file in an existing folder", path=output)
+    with Synthesizer(config) as tts:
+        rate = tts.info.sampling_rate
+        if not isinstance(output, Path):
+            return _write_stream(tts, output, fmt, rate, text, progress, options)
+        tmp = output.with_name(f".{output.name}.tmp")
+        try:
+            with open(tmp, "wb") as sink:
+                result = _write_stream(tts, sink, fmt, rate, text, progress, options)
+                if fmt == "wav":  # the length is known now: a plain WAV header
+                    sink.seek(0)
+                    sink.write(wav_header(rate, 2 * result.waveform.size))
+            tmp.replace(output)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    result.output = output
+    return result
+
+
+def _write_stream(
+    tts: Synthesizer,
+    sink: BinaryIO,
+    fmt: str,
+    rate: int,
+    text: str,
+    progress: ProgressReporter | None,
+    options: dict[str, Any],
+) -> SynthResult:
+    try:
+        if fmt == "wav":
+            sink.write(wav_header(rate))
+        for chunk in tts.stream(text, progress=progress, **options):
+            sink.write(pcm16(chunk))
+            sink.flush()  # a player reading the stream hears it now
+    except BrokenPipeError as exc:
+        raise OutputError("the reader of the stream closed it", hint="keep the player open "
+                          "until the text is spoken") from exc  # fmt: skip
+    assert tts.last_result is not None
+    return tts.last_result

@@ -1,0 +1,139 @@
+"""Streamed speech: `stream_format` "audio" (the response format's bytes, chunked) and "sse"
+(OpenAI's server-sent events: `speech.audio.delta` with base64 audio, then
+`speech.audio.done` with the usage).
+
+Streams carry `pcm` and `wav` (a WAV header whose sizes say "unknown", then the samples);
+`stream_format: "audio"` with a compressed format still answers the whole file, as before.
+The first chunk is awaited before the response starts, so a request that fails early gets its
+error status; the chunks after it are sent as the worker makes them. A client that leaves
+stops its job at the next generation step (counted in moss_gguf_streams_abandoned_total).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any
+
+import numpy as np
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from ..tts.streaming import pcm16, wav_header
+from . import audio
+from .api_errors import ApiError
+from .scheduler import SpeechJob, SpeechStream
+from .schemas import SpeechRequest
+
+log = logging.getLogger(__name__)
+
+STREAM_FORMATS = ("pcm", "wav")
+
+
+def wants_stream(body: SpeechRequest) -> bool:
+    """Whether BODY is answered by a stream; refuses what cannot be streamed (400)."""
+    if body.stream_format is None:
+        return False
+    if body.response_format not in STREAM_FORMATS:
+        if body.stream_format == "audio":
+            return False  # the whole file, chunked by the server as any response
+        raise ApiError(400, f"stream_format 'sse' carries {' or '.join(STREAM_FORMATS)}, not "
+                       f"{body.response_format!r}; ask for response_format 'pcm' or 'wav'",
+                       param="response_format", code="unsupported_value")  # fmt: skip
+    if body.speed != 1.0:
+        raise ApiError(400, "speed changes the tempo of the whole utterance and cannot be "
+                       "streamed; leave speed at 1.0 or leave stream_format out",
+                       param="speed", code="unsupported_value")  # fmt: skip
+    return True
+
+
+async def stream_speech(
+    request: Request, body: SpeechRequest, job: SpeechJob, scheduler, rate: int, abandoned
+) -> StreamingResponse:
+    """The streamed response for JOB (after its first chunk is made)."""
+    stream = scheduler.stream(job, asyncio.get_running_loop())
+    try:
+        first = await _first(request, stream)
+    except BaseException:
+        stream.close()
+        raise
+    chunks = _chunks(first, stream, abandoned)
+    if body.stream_format == "sse":
+        return StreamingResponse(_sse(chunks, body.response_format, rate, stream),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})  # fmt: skip
+    return StreamingResponse(_audio(chunks, body.response_format, rate),
+                             media_type=audio.MEDIA_TYPES[body.response_format])  # fmt: skip
+
+
+async def _first(request: Request, stream: SpeechStream) -> np.ndarray:
+    """The first chunk, or ApiError 499 if the client leaves before it is made."""
+    return await unless_gone(request, stream.__anext__())
+
+
+async def unless_gone(request: Request, work: Awaitable[Any]) -> Any:
+    """WORK's result; if the client disconnects first, WORK is cancelled (the scheduler drops
+    a waiting job and stops a running one at its next step) and a 499 is logged for it."""
+    job = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({job, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not job.done():
+        job.cancel()
+        log.info("%s %s: the client went away; its request was cancelled",
+                 request.method, request.url.path)  # fmt: skip
+        raise ApiError(499, "the client closed the connection", code="client_closed")
+    return job.result()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone (the body is already read: what comes next is that)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+
+
+async def _chunks(first: np.ndarray, stream: SpeechStream, abandoned) -> AsyncIterator[bytes]:
+    """16-bit PCM bytes of each chunk; stops the job if the response is dropped midway."""
+    try:
+        yield pcm16(first)
+        async for chunk in stream:
+            yield pcm16(chunk)
+    except ApiError as exc:  # the headers are out: the stream can only end early
+        log.warning("a streamed request failed after its first chunk: %s", exc.message)
+    finally:
+        if not stream.done:  # the client went away (the response was cancelled)
+            stream.close()
+            abandoned.inc()
+            log.info("a streaming client went away; its request was stopped")
+
+
+async def _audio(chunks: AsyncIterator[bytes], fmt: str, rate: int) -> AsyncIterator[bytes]:
+    if fmt == "wav":
+        yield wav_header(rate)
+    async for data in chunks:
+        yield data
+
+
+async def _sse(
+    chunks: AsyncIterator[bytes], fmt: str, rate: int, stream: SpeechStream
+) -> AsyncIterator[bytes]:
+    header = wav_header(rate) if fmt == "wav" else b""
+    async for data in chunks:
+        yield _event({"type": "speech.audio.delta",
+                      "audio": base64.b64encode(header + data).decode()})  # fmt: skip
+        header = b""
+    if stream.profile is not None:
+        used, made = stream.profile.prompt_rows, stream.profile.steps
+        yield _event({"type": "speech.audio.done", "usage": {
+            "input_tokens": used, "output_tokens": made, "total_tokens": used + made}})  # fmt: skip
+
+
+def _event(data: dict) -> bytes:
+    return f"data: {json.dumps(data)}\n\n".encode()
