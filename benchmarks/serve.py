@@ -2,20 +2,24 @@
 
     python benchmarks/serve.py [--folder W] [--requests 200] [--concurrency 8]
         [--max-new-tokens 48] [--workdir /tmp/moss-gguf-bench] [--keep]
-    python benchmarks/serve.py --ttfa [--rounds 3] [--levels 1,2,4,8] [--max-new-tokens 133]
-        [--max-batch 8]
+    python benchmarks/serve.py --ttfa [--rounds 2] [--seconds 8,16] [--levels 1,2,4,8]
+        [--max-batch 4]
 
---ttfa: one greedy pcm request, streamed (stream_format "audio": seconds to its first audio
-byte) and not (seconds to the whole response), alternated, medians and their ratio; then
-2 × N such requests at each concurrency N: aggregate audio seconds per wall second, p50/p95.
-The random 2-layer checkpoint leaves audio after a couple of frames but goes on stepping to
---max-new-tokens: 133 steps are the steps of a 100-frame (8 s) utterance (frames + 32 for the
-delay pattern + 1), so the timings are those of one, while the audio itself is short.
+--ttfa: two servers on the same folder, a 1-wide one (--max-batch 1) and a --max-batch one.
+Per utterance length (--seconds of audio), one greedy pcm request streamed (stream_format
+"audio": seconds to its first audio byte) and not (seconds to the whole response), on each
+server in turn, alternated, medians and their ratio. Then 2 × N such requests (the first
+length) at each concurrency N on the wide server, and at concurrency 1 on the 1-wide one:
+aggregate audio seconds per wall second, p50/p95, each level against the wide server's own
+concurrency 1 and against the 1-wide server's. It speaks with a copy of the checkpoint whose
+text head keeps greedy decoding in audio (`speaking_checkpoint`), so an utterance really is
+that many seconds of audio, every step running the audio heads.
 
 Without --folder it speaks with the 2-layer real-dims checkpoint (written once by
 make_checkpoint.py) converted by `moss-gguf all --quant Q4_K_M` with the tiny random audio
 tokenizer (the real one is a download; the codec's cost is not what this measures) into
-WORKDIR/serve-weights, made once and removed after unless --keep.
+WORKDIR/serve-weights (serve-weights-speaking for --ttfa), made once and removed after
+unless --keep.
 
 The server is started as users start it (`moss-gguf serve --config W/moss-tts.yaml`), with a
 fresh voices folder holding one registered voice. Requests cycle through the six response
@@ -55,19 +59,51 @@ RATE = 24000
 MOSS = [sys.executable, "-m", "moss_gguf_cli"]
 
 
-def build_folder(workdir: Path) -> Path:
+def build_folder(workdir: Path, speaking: bool = False) -> Path:
     """The 2-layer real-dims checkpoint as a Q4_K_M weights folder (made once)."""
     from moss_gguf_cli.source.tiny_codec import ensure_tiny_codec
 
-    folder = workdir / "serve-weights"
+    folder = workdir / ("serve-weights-speaking" if speaking else "serve-weights")
     if (folder / "moss-tts.yaml").is_file():
         return folder
     checkpoint = real_dims_checkpoint(workdir)
+    if speaking:
+        checkpoint = speaking_checkpoint(checkpoint)
     codec = ensure_tiny_codec(workdir / "tiny-codec")[0].parent
     subprocess.run([*MOSS, "all", "--model", str(checkpoint), "--output", str(folder),
                     "--quant", "Q4_K_M", "--audio-tokenizer", str(codec), "-q"],
                    check=True)  # fmt: skip
     return folder
+
+
+def speaking_checkpoint(checkpoint: Path) -> Path:
+    """The random checkpoint with the text head's rows of the two in-audio choices (gen slot,
+    delay slot) zeroed: their logits tie at 0, greedy takes the gen slot, and an utterance
+    stays in audio for its whole budget, as a real one does (the random head leaves audio
+    after a frame or two, and a step without audio skips the audio heads). The other files
+    are hard links; the shard holding the head is rewritten (safetensors' own writer)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    dest = checkpoint.parent / f"{checkpoint.name}-speaking"
+    if (dest / "config.json").is_file():
+        return dest
+    tmp = dest.with_name(dest.name + ".partial")
+    remove(tmp)
+    tmp.mkdir()
+    config = json.loads((checkpoint / "config.json").read_text())
+    index = json.loads((checkpoint / "model.safetensors.index.json").read_text())
+    shard = index["weight_map"]["lm_heads.0.weight"]
+    for f in checkpoint.iterdir():
+        if f.name != shard:
+            os.link(f, tmp / f.name)
+    tensors = load_file(checkpoint / shard)
+    head = tensors["lm_heads.0.weight"]
+    for key in ("audio_assistant_gen_slot_token_id", "audio_assistant_delay_slot_token_id"):
+        head[config[key]] = torch.zeros_like(head[config[key]])
+    save_file(tensors, tmp / shard, metadata={"format": "pt"})
+    tmp.rename(dest)
+    return dest
 
 
 def start(folder: Path, voices: Path, log: Path, max_batch: int) -> tuple[subprocess.Popen, str]:
@@ -179,38 +215,68 @@ def first_byte(client: httpx.Client, body: dict) -> tuple[float, float, float]:
     return first or float("nan"), time.perf_counter() - t0, size / 2 / RATE
 
 
-def ttfa(url: str, args: argparse.Namespace) -> dict:
-    """Streamed time to first audio vs the non-streamed response time, alternated; then the
-    aggregate audio seconds per wall second at each concurrency (the same greedy request)."""
+FRAME_RATE = 12.5  # frames per second of audio (1920 samples at 24 kHz)
+
+
+def speech(seconds: float, stream: bool = False) -> dict:
+    """One greedy pcm request whose budget is SECONDS of audio (frames + the 32 delay-pattern
+    steps + the final one); the speaking checkpoint uses all of it."""
     body = {"model": "moss-tts", "input": "A longer sentence, so that there is enough audio "
             "to stream for a while before it ends.", "voice": "default",
             "response_format": "pcm", "seed": 1, "text_temperature": 0, "audio_temperature": 0,
-            "max_new_tokens": args.max_new_tokens}  # fmt: skip
-    streamed, whole, audio = [], [], 0.0
-    with httpx.Client(base_url=url, timeout=3600) as client:
-        first_byte(client, body)  # warm-up
-        for _ in range(args.rounds):
-            t_first, _, audio = first_byte(client, {**body, "stream_format": "audio"})
-            streamed.append(t_first)
-            whole.append(first_byte(client, body)[1])
-        out = {"audio_s": round(audio, 2), "rounds": args.rounds,
-               "ttfa_streamed_s": round(statistics.median(streamed), 3),
-               "response_whole_s": round(statistics.median(whole), 3)}  # fmt: skip
-        out["ttfa_ratio"] = round(out["ttfa_streamed_s"] / out["response_whole_s"], 3)
-        for level in args.levels:
-            with ThreadPoolExecutor(level) as pool:
-                start = time.perf_counter()
-                runs = list(pool.map(lambda _i: first_byte(client, body), range(level * 2)))
-                wall = time.perf_counter() - start
-            lat = sorted(r[1] for r in runs)
-            out[f"c{level}"] = {"audio_s_per_wall_s": round(sum(r[2] for r in runs) / wall, 3),
-                                "p50_s": round(statistics.median(lat), 2),
-                                "p95_s": round(lat[math.ceil(0.95 * len(lat)) - 1], 2)}  # fmt: skip
-    base = out[f"c{args.levels[0]}"]["audio_s_per_wall_s"]
-    for level in args.levels:
-        out[f"c{level}"][f"vs_c{args.levels[0]}"] = round(
-            out[f"c{level}"]["audio_s_per_wall_s"] / base, 2)  # fmt: skip
+            "max_new_tokens": round(seconds * FRAME_RATE) + 33}  # fmt: skip
+    return {**body, "stream_format": "audio"} if stream else body
+
+
+def ttfa(lone: str, wide: str, args: argparse.Namespace) -> dict:
+    """Streamed time to first audio vs the non-streamed response, per utterance length, on a
+    1-wide server (LONE) and the --max-batch server (WIDE), alternated; then aggregate audio
+    seconds per wall second at each concurrency on WIDE, and at concurrency 1 on LONE."""
+    out: dict = {"max_batch": args.max_batch, "rounds": args.rounds}
+    with httpx.Client(base_url=lone, timeout=3600) as a, \
+            httpx.Client(base_url=wide, timeout=3600) as b:  # fmt: skip
+        servers = {"1-wide": a, f"{args.max_batch}-wide": b}
+        for client in servers.values():
+            first_byte(client, speech(1.0))  # warm-up
+        for seconds in args.seconds:
+            times = {name: ([], [], []) for name in servers}
+            for _ in range(args.rounds):
+                for name, client in servers.items():
+                    t_first, _, audio = first_byte(client, speech(seconds, stream=True))
+                    times[name][0].append(t_first)
+                    times[name][1].append(first_byte(client, speech(seconds))[1])
+                    times[name][2].append(audio)
+            for name, (firsts, wholes, audio) in times.items():
+                first, whole = statistics.median(firsts), statistics.median(wholes)
+                out[f"{seconds:g}s {name}"] = {
+                    "audio_s": round(audio[-1], 2), "ttfa_streamed_s": round(first, 3),
+                    "response_whole_s": round(whole, 3), "ttfa_ratio": round(first / whole, 3),
+                }  # fmt: skip
+        body = speech(args.seconds[0])
+        out["throughput"] = {"1-wide c1": level(a, body, 1)}
+        for n in args.levels:
+            out["throughput"][f"{args.max_batch}-wide c{n}"] = level(b, body, n)
+    put = out["throughput"]
+    alone, own = put["1-wide c1"]["audio_s_per_wall_s"], None
+    for name, row in put.items():
+        own = own or (row["audio_s_per_wall_s"] if name.endswith(" c1") and name != "1-wide c1"
+                      else None)  # fmt: skip
+        row["vs_1wide_c1"] = round(row["audio_s_per_wall_s"] / alone, 2)
+        if own:
+            row["vs_own_c1"] = round(row["audio_s_per_wall_s"] / own, 2)
     return out
+
+
+def level(client: httpx.Client, body: dict, n: int) -> dict:
+    """2 × N requests at concurrency N: aggregate audio seconds per wall second, p50/p95."""
+    with ThreadPoolExecutor(n) as pool:
+        start = time.perf_counter()
+        runs = list(pool.map(lambda _i: first_byte(client, body), range(n * 2)))
+        wall = time.perf_counter() - start
+    lat = sorted(r[1] for r in runs)
+    return {"audio_s_per_wall_s": round(sum(r[2] for r in runs) / wall, 3),
+            "p50_s": round(statistics.median(lat), 2),
+            "p95_s": round(lat[math.ceil(0.95 * len(lat)) - 1], 2)}  # fmt: skip
 
 
 def main() -> None:
@@ -228,20 +294,28 @@ def main() -> None:
     parser.add_argument("--max-batch", type=int, default=4, help="the server's --max-batch")
     parser.add_argument("--levels", type=lambda v: [int(x) for x in v.split(",")],
                         default=[1, 2, 4, 8], help="--ttfa: concurrency levels")  # fmt: skip
+    parser.add_argument("--seconds", type=lambda v: [float(x) for x in v.split(",")],
+                        default=[8.0, 16.0], help="--ttfa: utterance lengths (audio seconds)")
     args = parser.parse_args()
 
-    folder = args.folder or build_folder(args.workdir)
+    folder = args.folder or build_folder(args.workdir, speaking=args.ttfa)
     with tempfile.TemporaryDirectory(prefix="moss-serve-bench-") as tmp:
         log = Path(tmp) / "serve.log"
         proc, url = start(folder, Path(tmp) / "voices", log, args.max_batch)
+        lone = None
         try:
             if args.ttfa:
-                report = ttfa(url, args)
+                lone, lone_url = start(folder, Path(tmp) / "voices1", Path(tmp) / "serve1.log", 1)
+                report = ttfa(lone_url, url, args)
             else:
                 report = load(url, proc.pid, args)
         finally:
-            proc.send_signal(signal.SIGTERM)
+            for p in (proc, lone):
+                if p is not None:
+                    p.send_signal(signal.SIGTERM)
             code = proc.wait(timeout=60)
+            if lone is not None:
+                lone.wait(timeout=60)
         report["exit_code_after_sigterm"] = code
         report["tracebacks_in_log"] = log.read_text().count("Traceback")
     if args.folder is None and not args.keep:
