@@ -9,9 +9,10 @@
 Per utterance length (--seconds of audio), one greedy pcm request streamed (stream_format
 "audio": seconds to its first audio byte) and not (seconds to the whole response), on each
 server in turn, alternated, medians and their ratio. Then 2 × N such requests (the first
-length) at each concurrency N on the wide server, and at concurrency 1 on the 1-wide one:
-aggregate audio seconds per wall second, p50/p95, each level against the wide server's own
-concurrency 1 and against the 1-wide server's. It speaks with a copy of the checkpoint whose
+length) at each concurrency N on the wide server, and at concurrency 1 on the 1-wide one,
+the levels alternated round after round (medians): aggregate audio seconds per wall second,
+p50/p95, each level against the wide server's own concurrency 1 and against the 1-wide
+server's. It speaks with a copy of the checkpoint whose
 text head keeps greedy decoding in audio (`speaking_checkpoint`), so an utterance really is
 that many seconds of audio, every step running the audio heads.
 
@@ -253,9 +254,15 @@ def ttfa(lone: str, wide: str, args: argparse.Namespace) -> dict:
                     "response_whole_s": round(whole, 3), "ttfa_ratio": round(first / whole, 3),
                 }  # fmt: skip
         body = speech(args.seconds[0])
-        out["throughput"] = {"1-wide c1": level(a, body, 1)}
-        for n in args.levels:
-            out["throughput"][f"{args.max_batch}-wide c{n}"] = level(b, body, n)
+        runs = [("1-wide c1", a, 1)] + [(f"{args.max_batch}-wide c{n}", b, n) for n in args.levels]
+        rows: dict[str, list[dict]] = {name: [] for name, _, _ in runs}
+        for _ in range(args.rounds):  # alternated: load that drifts touches every level alike
+            for name, client, n in runs:
+                rows[name].append(level(client, body, n))
+        out["throughput"] = {
+            name: {key: statistics.median(r[key] for r in got) for key in got[0]}
+            for name, got in rows.items()
+        }  # fmt: skip
     put = out["throughput"]
     alone, own = put["1-wide c1"]["audio_s_per_wall_s"], None
     for name, row in put.items():
