@@ -30,7 +30,7 @@ from ..source.audio_tokenizer import AudioTokenizer
 from ..source.audio_tokenizer import default_source as default_codec
 from ..source.checkpoint import TOKENIZER_FILES
 from .layout import audio_tokenizer_files, gguf_file_type
-from .made_from import MadeFrom, source_identity
+from .made_from import MadeFrom, manifest_made_from, refuse_other, source_identity
 
 log = logging.getLogger(__name__)
 
@@ -277,13 +277,16 @@ def run_first_class(
     parse_audio_tables_type(audio_tables)  # a bad value fails before any work
     started = time.perf_counter()
     names = gguf_names(quants)
+    model = resolve_model(settings.model, settings.revision, settings.cache_dir, bar)
+    made_from = _made_from(settings, model)
     if not settings.force and _complete(output, names, audio_tables):
+        # a folder made from other inputs is refused, as the backend layout refuses it
+        refuse_other(output, manifest_made_from(output), made_from)
         files = [(f["path"], f["size"]) for f in read_manifest(output)["files"]]
         folder = FirstClassFolder(output, [output / n for n in names], files, 0.0)
         folder.notes.append("already complete: checked, not written again")
     else:
         is_tiny = settings.model.startswith("builtin:")
-        model = resolve_model(settings.model, settings.revision, settings.cache_dir, bar)
         moss = open_checkpoint(model).moss  # refuses a look-alike before the codec is fetched
         codec = resolve_codec(
             settings.audio_tokenizer, builtin=is_tiny, sampling_rate=moss.sampling_rate,
@@ -293,7 +296,7 @@ def run_first_class(
         folder = write_first_class(
             model, output, quants, settings.outtype, codec, settings.model,
             threads=settings.threads, force=settings.force, progress=bar,
-            audio_tables=audio_tables, made_from=_made_from(settings, model),
+            audio_tables=audio_tables, made_from=made_from,
         )  # fmt: skip
     for path in folder.ggufs:
         check_first_class(path)

@@ -47,6 +47,7 @@ from .made_from import (
     MadeFrom,
     file_sha256,
     folder_identity,
+    manifest_made_from,
     read_record,
     refuse_other,
     source_identity,
@@ -220,15 +221,6 @@ def _resume_work(work: Path, made_from: MadeFrom) -> None:
     """A work folder a run left is resumed only by a run of the same inputs."""
     if work.exists() and any(work.iterdir()):
         refuse_other(work, read_record(work / RECORD_NAME), made_from, WORK_KEYS)
-
-
-def manifest_made_from(output: Path) -> MadeFrom | None:
-    """What a finished folder's manifest says it was made from (None: not recorded)."""
-    try:
-        data = json.loads((output / MANIFEST_NAME).read_text())
-    except (OSError, ValueError):
-        return None
-    return MadeFrom.from_json(data.get("made_from")) if isinstance(data, dict) else None
 
 
 def locate_model(model: str, revision: str | None, cache_dir: Path | None) -> None:
