@@ -29,7 +29,7 @@ from ..disk.layout_names import AUDIO_TOKENIZER_DIR, CONFIG_NAME, MANIFEST_NAME,
 from ..disk.staging import human_bytes
 from ..errors import InputError, OutputError, UsageError
 from ..progress import ProgressReporter, ensure
-from ..quantize.engines import Quantizer, choose_engine, parse_engine
+from ..quantize.engines import Companion, Quantizer, choose_engine, parse_engine
 from ..quantize.llama import APPROX_BPW
 from ..source.audio_tokenizer import AudioTokenizer
 from ..source.audio_tokenizer import default_source as default_codec
@@ -128,8 +128,10 @@ def run_all(
     settings: AllSettings,
     progress: ProgressReporter | None = None,
     on_step: Callable[[str, int], None] | None = None,
+    also: Companion | None = None,
 ) -> AllResult:
-    """Run every step that is not already complete; return what was made and how long it took."""
+    """Run every step that is not already complete; return what was made and how long it took.
+    ``also``: first-class GGUFs the direct engine writes in the same read as the backbone's."""
     bar = ensure(progress)
     if not settings.model.startswith("builtin:"):
         first = find_first_class(
@@ -141,6 +143,7 @@ def run_all(
         if repo is not None:
             return run_preconverted(settings, repo, bar)
     ctx = _resolve(settings, bar, on_step)
+    ctx.also = also
     _run_steps(ctx)
     return _finish(ctx)
 
