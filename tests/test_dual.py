@@ -19,10 +19,14 @@ from test_delay_gguf import GOLDEN, cli
 
 from moss_gguf_cli.disk.digests import sha256_file
 from moss_gguf_cli.gguf.delay import plan_delay
+from moss_gguf_cli.gguf.write import OutType
 from moss_gguf_cli.pipeline.dual import handoff_dir, run_both
 from moss_gguf_cli.pipeline.first_class import run_first_class
 from moss_gguf_cli.pipeline.run import AllSettings, run_all
 from moss_gguf_cli.progress import RecordingProgress
+from moss_gguf_cli.quantize.direct import join_plans, plan_direct, quantize_checkpoint, run_direct
+from moss_gguf_cli.quantize.llama import QuantizeSettings
+from moss_gguf_cli.source.backbone import open_backbone, plan_native
 from moss_gguf_cli.source.checkpoint import open_checkpoint
 
 FIRST = "moss-tts-delay"
@@ -114,3 +118,24 @@ def test_a_stopped_run_resumes_from_the_handoff(tmp_path: Path, held_run) -> Non
     assert final.stat().st_ino == made.st_ino  # the pass's file, moved, not written again
     assert sha256_file(final) == GOLDEN["tiny"]["Q4_K_M"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["w"]
+
+
+def test_a_family_out_of_read_order_is_written_by_position(tiny_model: Path, tmp_path) -> None:
+    """The backbone's order is a subsequence of the first-class one, so its files are appended;
+    a family whose order is not is written by position, every byte as when made alone."""
+    settings = QuantizeSettings()
+    first = plan_direct(plan_delay(tiny_model, "f16"), [(tmp_path / "first.gguf", "Q4_K_M")],
+                        settings, None, tmp_path)  # fmt: skip
+    backbone = plan_native(open_backbone(open_checkpoint(tiny_model)), OutType.parse("f16"))
+    back = plan_direct(backbone, [(tmp_path / "back.gguf", "Q6_K")], settings, None, tmp_path)
+    in_order = join_plans([first, back])
+    assert [t.positional for t in in_order.targets] == [False, False]
+    back.tensors.reverse()  # as if this family were read the other way round
+    joint = join_plans([first, back])
+    assert [t.positional for t in joint.targets] == [False, True]
+    assert [t.name for t in joint.tensors] == [t.name for t in first.tensors]
+    run_direct(joint)
+    alone = tmp_path / "alone"
+    quantize_checkpoint(tiny_model, [(alone / "back.gguf", "Q6_K")], "f16", settings, None, alone)
+    assert sha256_file(tmp_path / "back.gguf") == sha256_file(alone / "back.gguf")
+    assert sha256_file(tmp_path / "first.gguf") == GOLDEN["tiny"]["Q4_K_M"]

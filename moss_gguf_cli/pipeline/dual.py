@@ -53,25 +53,28 @@ def run_both(
     the checkpoint read once for both (see the module's docstring for when it is not)."""
     bar = ensure(progress)
     sub = replace(settings, output=Path(settings.output) / FORMAT)
+    check_first_class_settings(sub)  # what needs no look at anything fails first
+    parse_audio_tables_type(audio_tables)
     handoff = handoff_dir(Path(settings.output))
-    also = prepare_handoff(sub, handoff, audio_tables)  # refusals come before any work
+
+    def also(model: Path) -> Companion | None:  # once run_all has the model, before any work
+        return prepare_handoff(sub, handoff, audio_tables, model)
+
     result = run_all(settings, progress=bar, also=also)
     folder = run_first_class(sub, progress=bar, audio_tables=audio_tables, handoff=handoff)
     shutil.rmtree(handoff, ignore_errors=True)
     return result, folder
 
 
-def prepare_handoff(sub: AllSettings, handoff: Path, audio_tables: str | None) -> Companion | None:
+def prepare_handoff(
+    sub: AllSettings, handoff: Path, audio_tables: str | None, model: Path
+) -> Companion | None:
     """What the backend pass should also write (None: nothing): the first-class folder
     complete already (made from these inputs, or refused), or GGUFs it cannot take."""
     from ..quantize.llama import parse_file_type
-    from ..source.checkpoint import resolve_model
 
     quants = [parse_file_type(q) for q in sub.quants] or ["Q4_K_M"]
-    check_first_class_settings(sub)
-    parse_audio_tables_type(audio_tables)
     names = gguf_names(quants)
-    model = resolve_model(sub.model, sub.revision, sub.cache_dir, None)
     made_from = first_class_made_from(sub, model)
     if not sub.force and folder_complete(sub.output, names, audio_tables):
         refuse_other(sub.output, manifest_made_from(sub.output), made_from)

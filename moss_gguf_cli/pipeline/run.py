@@ -128,10 +128,11 @@ def run_all(
     settings: AllSettings,
     progress: ProgressReporter | None = None,
     on_step: Callable[[str, int], None] | None = None,
-    also: Companion | None = None,
+    also: Callable[[Path], Companion | None] | None = None,
 ) -> AllResult:
     """Run every step that is not already complete; return what was made and how long it took.
-    ``also``: first-class GGUFs the direct engine writes in the same read as the backbone's."""
+    ``also``: given the model's folder once it is resolved (before any work), the first-class
+    GGUFs the direct engine is to write in the same read as the backbone's (pipeline/dual.py)."""
     bar = ensure(progress)
     if not settings.model.startswith("builtin:"):
         first = find_first_class(
@@ -142,8 +143,7 @@ def run_all(
         repo = recognise(settings.model, settings.revision, settings.cache_dir)
         if repo is not None:
             return run_preconverted(settings, repo, bar)
-    ctx = _resolve(settings, bar, on_step)
-    ctx.also = also
+    ctx = _resolve(settings, bar, on_step, also)
     _run_steps(ctx)
     return _finish(ctx)
 
@@ -152,7 +152,10 @@ def run_all(
 
 
 def _resolve(
-    settings: AllSettings, bar: ProgressReporter, on_step: Callable[[str, int], None] | None
+    settings: AllSettings,
+    bar: ProgressReporter,
+    on_step: Callable[[str, int], None] | None,
+    also: Callable[[Path], Companion | None] | None = None,
 ) -> RunContext:
     """Everything before the first step, in the order a user fixes things: the settings, the
     model located (named in the error if it is not there), doctor's pre-flight, the codec, the
@@ -187,6 +190,7 @@ def _resolve(
         DirectQuantizer(choice) if choice.from_checkpoint
         else LlamaQuantizer(choice, settings.llama_cpp)
     )  # fmt: skip
+    companion = also(model_dir) if also is not None else None  # its refusals come first
     made_from = _made_from(settings, model_dir, is_tiny)
     if layout_done:
         refuse_other(output, manifest_made_from(output), made_from)
@@ -200,7 +204,7 @@ def _resolve(
         write_record(work / RECORD_NAME, made_from)
     return RunContext(
         settings, bar, on_step, output, work, quants, ggufs, checkpoint, codec, quantizer,
-        layout_done, made_from,
+        layout_done, made_from, companion,
     )  # fmt: skip
 
 

@@ -73,6 +73,7 @@ log = logging.getLogger(__name__)
 ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT: llama-quantize writes with it whatever the input says
 _SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")  # llama-quantize drops them
 _QT = gguf.GGMLQuantizationType
+_DELAY_STEM = "moss-tts-delay"  # the first-class files' names: moss-tts-delay_f16.gguf
 
 
 class DirectUnavailable(Exception):
@@ -637,7 +638,7 @@ def quantize_checkpoint(
     from ..gguf.write import OutType
 
     plan_source = _source_planner(model, first_class, audio_tables)
-    stem = "moss-tts-delay" if first_class else "backbone"
+    stem = _DELAY_STEM if first_class else "backbone"
     notes: list[str] = []
     for kind in ("f16", "bf16") if outtype == "auto" else (outtype,):
         source = plan_source(OutType.parse(kind))
@@ -666,7 +667,7 @@ def _companion_plan(
 
     root = model.root if isinstance(model, MossCheckpoint) else Path(model)
     source = _source_planner(root, True, also.audio_tables)(OutType.parse(kind))
-    kept = also.keep / f"moss-tts-delay_{kind}.gguf" if also.keep is not None else None
+    kept = also.keep / f"{_DELAY_STEM}_{kind}.gguf" if also.keep is not None else None
     return plan_direct(source, also.outputs, settings, None, scratch_dir, kept)
 
 
