@@ -139,3 +139,17 @@ def test_a_family_out_of_read_order_is_written_by_position(tiny_model: Path, tmp
     quantize_checkpoint(tiny_model, [(alone / "back.gguf", "Q6_K")], "f16", settings, None, alone)
     assert sha256_file(tmp_path / "back.gguf") == sha256_file(alone / "back.gguf")
     assert sha256_file(tmp_path / "first.gguf") == GOLDEN["tiny"]["Q4_K_M"]
+
+
+def test_a_first_class_folder_not_ours_is_refused_before_any_work(tmp_path: Path) -> None:
+    mine = tmp_path / "w" / FIRST / "notes.txt"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("mine")
+    done = cli("all", "--model", "builtin:tiny", "--output", str(tmp_path / "w"),
+               "--format", "backend", "--format", FIRST)  # fmt: skip
+    line = " ".join(done.stderr.split())
+    assert done.returncode == 1 and "output folder exists and is not empty" in line, line
+    assert str(mine.parent) in line
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == [
+        "w", f"w/{FIRST}", f"w/{FIRST}/notes.txt"
+    ]  # no backend work, no hand-off

@@ -20,6 +20,7 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+from ..disk.staging import check_target
 from ..errors import OutputError
 from ..gguf.delay import FORMAT, parse_audio_tables_type
 from ..progress import ProgressReporter, ensure
@@ -79,6 +80,7 @@ def prepare_handoff(
     if not sub.force and folder_complete(sub.output, names, audio_tables):
         refuse_other(sub.output, manifest_made_from(sub.output), made_from)
         return None
+    check_target(sub.output, sub.force)  # someone else's folder: refused before the pass
     floats = [q for q in quants if q in FLOAT_TYPES]
     quantized = [(handoff / n, q) for n, q in zip(names, quants, strict=True) if q not in floats]
     if not quantized or len(floats) > 1 or (floats and floats[0].lower() != sub.outtype):
