@@ -16,6 +16,7 @@ another intermediate type than the backend's --outtype.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -94,7 +95,9 @@ def prepare_handoff(
             return None  # a resumed run: the pass wrote them already
     handoff.mkdir(parents=True, exist_ok=True)
     record = {"made_from": made_from.to_json(), "audio_tables": tables}
-    (handoff / HANDOFF_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    tmp = handoff / f".{HANDOFF_RECORD}.tmp"
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, handoff / HANDOFF_RECORD)  # never half a record
     return Companion(quantized, keep=handoff if floats else None, audio_tables=tables)
 
 
