@@ -168,6 +168,38 @@ def test_all_writes_a_first_class_folder(tmp_path: Path) -> None:
     assert damaged.returncode == 1 and "bytes, listed" in said and "truncated GGUF" in said
 
 
+def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {
+        p.relative_to(folder).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in folder.rglob("*") if p.is_file()
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "other, words",
+    [
+        (["--model", "builtin:tiny-ttsd"], "builtin:tiny; this run asks for builtin:tiny-ttsd"),
+        (["--outtype", "bf16"], "outtype 'auto'"),
+        (["--audio-tokenizer", "none"], "codec 'builtin'"),
+    ],
+)
+def test_a_finished_folder_of_other_inputs_is_refused(other, words, tmp_path: Path) -> None:
+    out = tmp_path / "w"
+    base = ["all", "--output", str(out), "--format", "moss-tts-delay", "--quant", "Q8_0"]
+    done = cli(*base, "--model", "builtin:tiny")
+    assert done.returncode == 0, done.stderr
+    before = _snapshot(out)
+    args = other if other[0] == "--model" else ["--model", "builtin:tiny", *other]
+    refused = cli(*base, *args)
+    line = " ".join(refused.stderr.split())
+    assert refused.returncode == 1 and str(out) in line and words in line, refused.stderr
+    assert "--force" in line and "already complete" not in line
+    assert _snapshot(out) == before and [p.name for p in tmp_path.iterdir()] == ["w"]
+    again = cli(*base, "--model", "builtin:tiny")  # the same inputs: found complete
+    assert again.returncode == 0 and "already complete" in again.stderr, again.stderr
+    assert _snapshot(out) == before
+
+
 def test_convert_cli_and_its_refusals(tmp_path: Path) -> None:
     out = tmp_path / "m.gguf"
     done = cli("convert", "builtin:tiny", "-o", str(out), "--format", "moss-tts-delay")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -12,6 +11,7 @@ from rich.table import Table
 from ..disk.staging import human_bytes
 from ..errors import UsageError
 from ..gguf.delay import FORMAT
+from ..pipeline.dual import run_both
 from ..pipeline.first_class import FirstClassFolder, parse_formats, run_first_class
 from ..pipeline.recipes import Recipe, load_recipe
 from ..pipeline.run import AllResult, AllSettings, run_all
@@ -49,8 +49,8 @@ EXAMPLES = """
 Several --quant types cost one read of the checkpoint: the direct engine writes them all in
 one pass, with no intermediate GGUF on disk. --format moss-tts-delay writes the first-class
 GGUF instead (F16/BF16 are its unquantized files); with --format backend too, that folder
-goes into OUTPUT/moss-tts-delay/. An interrupted run resumes where it stopped
-when run again; --force starts over.
+goes into OUTPUT/moss-tts-delay/, both from the same read of the checkpoint. An interrupted
+run resumes where it stopped when run again; --force starts over.
 """
 
 
@@ -168,10 +168,10 @@ def all_command(
         _first_class_summary(folder, mode, quiet)
         return
     with progress_for(mode) as bar:
-        result = run_all(settings, progress=bar)
-        if FORMAT in formats:
-            sub = replace(settings, output=Path(settings.output) / FORMAT)
-            folder = run_first_class(sub, progress=bar, audio_tables=audio_tables_type)
+        if FORMAT in formats:  # both from one read of the checkpoint
+            result, folder = run_both(settings, progress=bar, audio_tables=audio_tables_type)
+        else:
+            result = run_all(settings, progress=bar)
     if not quiet:
         _summary(result, mode)
     else:

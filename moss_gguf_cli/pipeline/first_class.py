@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
+import os
 import shutil
 import time
 from collections import Counter
@@ -30,7 +31,7 @@ from ..source.audio_tokenizer import AudioTokenizer
 from ..source.audio_tokenizer import default_source as default_codec
 from ..source.checkpoint import TOKENIZER_FILES
 from .layout import audio_tokenizer_files, gguf_file_type
-from .made_from import MadeFrom, source_identity
+from .made_from import MadeFrom, manifest_made_from, refuse_other, source_identity
 
 log = logging.getLogger(__name__)
 
@@ -114,18 +115,22 @@ def write_first_class(
     progress: ProgressReporter | None = None,
     audio_tables: str | None = None,
     made_from: MadeFrom | None = None,
+    handoff: Path | None = None,
 ) -> FirstClassFolder:
-    """A first-class folder at output: every type in one read of the checkpoint, then the
-    tokenizer, the codec, README.md and manifest.json; renamed into place when complete."""
+    """A first-class folder at output: every type in one read of the checkpoint (or taken
+    from HANDOFF, where the backend run's pass wrote them all), then the tokenizer, the codec,
+    README.md and manifest.json; renamed into place when complete."""
     started = time.perf_counter()
     bar = ensure(progress)
+    notes: list[str] = []
     floats = [q for q in quants if q in FLOAT_TYPES]
     if len(floats) > 1:
         raise UsageError("F16 and BF16 both asked for", hint="keep one of them")
     if floats:
         outtype = floats[0].lower()  # the unquantized file is the intermediate itself
     with Staging(Path(output), force=force) as stage:
-        notes = _write_ggufs(model, stage.path, quants, outtype, threads, bar, audio_tables)
+        if not _take_handoff(handoff, stage.path, gguf_names(quants)):
+            notes = _write_ggufs(model, stage.path, quants, outtype, threads, bar, audio_tables)
         ck_tokenizer = [Path(model) / n for n in TOKENIZER_FILES if (Path(model) / n).is_file()]
         (stage.path / TOKENIZER_DIR).mkdir()
         for src in ck_tokenizer:
@@ -167,9 +172,16 @@ def _write_ggufs(
     return done.notes
 
 
-def _link_or_copy(src: Path, dest: Path) -> None:
-    import os
+def _take_handoff(handoff: Path | None, folder: Path, names: list[str]) -> bool:
+    """Move the GGUFs the backend run's pass wrote (all of them, or none is taken)."""
+    if handoff is None or not all((handoff / n).is_file() for n in names):
+        return False
+    for n in names:
+        os.replace(handoff / n, folder / n)
+    return True
 
+
+def _link_or_copy(src: Path, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.link(src.resolve(), dest)
@@ -260,11 +272,15 @@ def read_manifest(folder: Path) -> dict | None:
 
 
 def run_first_class(
-    settings, progress: ProgressReporter | None = None, audio_tables: str | None = None
+    settings,
+    progress: ProgressReporter | None = None,
+    audio_tables: str | None = None,
+    handoff: Path | None = None,
 ) -> FirstClassFolder:
     """`all --format moss-tts-delay`: the codec and the model found, the folder written (or
     found complete: a rerun only checks it), every GGUF in it checked. ``audio_tables``:
-    --audio-tables-type (f16, bf16 or q8_0 tables in the quantized files)."""
+    --audio-tables-type (f16, bf16 or q8_0 tables in the quantized files); ``handoff``: a
+    folder that may hold the GGUFs already (pipeline/dual.py)."""
     from ..gguf.delay_read import check_first_class
     from ..quantize.llama import parse_file_type
     from ..source.audio_tokenizer import resolve as resolve_codec
@@ -273,17 +289,20 @@ def run_first_class(
     bar = ensure(progress)
     output = Path(settings.output)
     quants = [parse_file_type(q) for q in settings.quants] or ["Q4_K_M"]
-    _check_first_class_settings(settings)
+    check_first_class_settings(settings)
     parse_audio_tables_type(audio_tables)  # a bad value fails before any work
     started = time.perf_counter()
     names = gguf_names(quants)
-    if not settings.force and _complete(output, names, audio_tables):
+    model = resolve_model(settings.model, settings.revision, settings.cache_dir, bar)
+    made_from = first_class_made_from(settings, model)
+    if not settings.force and folder_complete(output, names, audio_tables):
+        # a folder made from other inputs is refused, as the backend layout refuses it
+        refuse_other(output, manifest_made_from(output), made_from)
         files = [(f["path"], f["size"]) for f in read_manifest(output)["files"]]
         folder = FirstClassFolder(output, [output / n for n in names], files, 0.0)
         folder.notes.append("already complete: checked, not written again")
     else:
         is_tiny = settings.model.startswith("builtin:")
-        model = resolve_model(settings.model, settings.revision, settings.cache_dir, bar)
         moss = open_checkpoint(model).moss  # refuses a look-alike before the codec is fetched
         codec = resolve_codec(
             settings.audio_tokenizer, builtin=is_tiny, sampling_rate=moss.sampling_rate,
@@ -293,7 +312,7 @@ def run_first_class(
         folder = write_first_class(
             model, output, quants, settings.outtype, codec, settings.model,
             threads=settings.threads, force=settings.force, progress=bar,
-            audio_tables=audio_tables, made_from=_made_from(settings, model),
+            audio_tables=audio_tables, made_from=made_from, handoff=handoff,
         )  # fmt: skip
     for path in folder.ggufs:
         check_first_class(path)
@@ -301,7 +320,7 @@ def run_first_class(
     return folder
 
 
-def _made_from(settings, model: Path) -> MadeFrom:
+def first_class_made_from(settings, model: Path) -> MadeFrom:
     """What the folder is made from, as the backend folder records it; its format (the audio
     tables' type is the manifest's audio_tables_type)."""
     codec = settings.audio_tokenizer or ("builtin" if settings.model.startswith("builtin:")
@@ -312,7 +331,7 @@ def _made_from(settings, model: Path) -> MadeFrom:
                     codec=str(codec), format=FORMAT)  # fmt: skip
 
 
-def _check_first_class_settings(settings) -> None:
+def check_first_class_settings(settings) -> None:
     if settings.outtype not in ("auto", "f16", "bf16"):
         raise UsageError(f"unknown --outtype {settings.outtype!r}", hint="use auto, f16 or bf16")
     if settings.engine not in ("auto", "direct"):
@@ -328,7 +347,7 @@ def _check_first_class_settings(settings) -> None:
         )
 
 
-def _complete(output: Path, names: list[str], audio_tables: str | None) -> bool:
+def folder_complete(output: Path, names: list[str], audio_tables: str | None) -> bool:
     """A finished first-class folder of exactly these GGUFs (sizes as its manifest says)."""
     manifest = read_manifest(output)
     if manifest is None or sorted(manifest.get("quant_types") or {}) != sorted(names):

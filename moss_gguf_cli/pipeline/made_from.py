@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..disk.layout_names import MANIFEST_NAME
 from ..errors import OutputError
 
 RECORD_NAME = "made_from.json"
@@ -95,6 +96,15 @@ def read_record(path: Path) -> MadeFrom | None:
         return MadeFrom.from_json(json.loads(path.read_text()))
     except (OSError, ValueError):
         return None
+
+
+def manifest_made_from(output: Path) -> MadeFrom | None:
+    """What a finished folder's manifest says it was made from (None: not recorded)."""
+    try:
+        data = json.loads((Path(output) / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return MadeFrom.from_json(data.get("made_from")) if isinstance(data, dict) else None
 
 
 def write_record(path: Path, made_from: MadeFrom) -> None:

@@ -29,7 +29,7 @@ from ..disk.layout_names import AUDIO_TOKENIZER_DIR, CONFIG_NAME, MANIFEST_NAME,
 from ..disk.staging import human_bytes
 from ..errors import InputError, OutputError, UsageError
 from ..progress import ProgressReporter, ensure
-from ..quantize.engines import Quantizer, choose_engine, parse_engine
+from ..quantize.engines import Companion, Quantizer, choose_engine, parse_engine
 from ..quantize.llama import APPROX_BPW
 from ..source.audio_tokenizer import AudioTokenizer
 from ..source.audio_tokenizer import default_source as default_codec
@@ -47,6 +47,7 @@ from .made_from import (
     MadeFrom,
     file_sha256,
     folder_identity,
+    manifest_made_from,
     read_record,
     refuse_other,
     source_identity,
@@ -127,8 +128,11 @@ def run_all(
     settings: AllSettings,
     progress: ProgressReporter | None = None,
     on_step: Callable[[str, int], None] | None = None,
+    also: Callable[[Path], Companion | None] | None = None,
 ) -> AllResult:
-    """Run every step that is not already complete; return what was made and how long it took."""
+    """Run every step that is not already complete; return what was made and how long it took.
+    ``also``: given the model's folder once it is resolved (before any work), the first-class
+    GGUFs the direct engine is to write in the same read as the backbone's (pipeline/dual.py)."""
     bar = ensure(progress)
     if not settings.model.startswith("builtin:"):
         first = find_first_class(
@@ -139,7 +143,7 @@ def run_all(
         repo = recognise(settings.model, settings.revision, settings.cache_dir)
         if repo is not None:
             return run_preconverted(settings, repo, bar)
-    ctx = _resolve(settings, bar, on_step)
+    ctx = _resolve(settings, bar, on_step, also)
     _run_steps(ctx)
     return _finish(ctx)
 
@@ -148,7 +152,10 @@ def run_all(
 
 
 def _resolve(
-    settings: AllSettings, bar: ProgressReporter, on_step: Callable[[str, int], None] | None
+    settings: AllSettings,
+    bar: ProgressReporter,
+    on_step: Callable[[str, int], None] | None,
+    also: Callable[[Path], Companion | None] | None = None,
 ) -> RunContext:
     """Everything before the first step, in the order a user fixes things: the settings, the
     model located (named in the error if it is not there), doctor's pre-flight, the codec, the
@@ -183,6 +190,7 @@ def _resolve(
         DirectQuantizer(choice) if choice.from_checkpoint
         else LlamaQuantizer(choice, settings.llama_cpp)
     )  # fmt: skip
+    companion = also(model_dir) if also is not None else None  # its refusals come first
     made_from = _made_from(settings, model_dir, is_tiny)
     if layout_done:
         refuse_other(output, manifest_made_from(output), made_from)
@@ -196,7 +204,7 @@ def _resolve(
         write_record(work / RECORD_NAME, made_from)
     return RunContext(
         settings, bar, on_step, output, work, quants, ggufs, checkpoint, codec, quantizer,
-        layout_done, made_from,
+        layout_done, made_from, companion,
     )  # fmt: skip
 
 
@@ -220,15 +228,6 @@ def _resume_work(work: Path, made_from: MadeFrom) -> None:
     """A work folder a run left is resumed only by a run of the same inputs."""
     if work.exists() and any(work.iterdir()):
         refuse_other(work, read_record(work / RECORD_NAME), made_from, WORK_KEYS)
-
-
-def manifest_made_from(output: Path) -> MadeFrom | None:
-    """What a finished folder's manifest says it was made from (None: not recorded)."""
-    try:
-        data = json.loads((output / MANIFEST_NAME).read_text())
-    except (OSError, ValueError):
-        return None
-    return MadeFrom.from_json(data.get("made_from")) if isinstance(data, dict) else None
 
 
 def locate_model(model: str, revision: str | None, cache_dir: Path | None) -> None:

@@ -28,7 +28,7 @@ from ..disk.staging import human_bytes, remove_stale_partials
 from ..errors import MossGgufError, NumericError
 from ..hold_points import hold
 from ..progress import ProgressReporter
-from ..quantize.engines import Engine, QuantizeRequest
+from ..quantize.engines import Companion, Engine, QuantizeRequest
 from ..source.audio_tokenizer import AudioTokenizer
 from ..source.checkpoint import MossCheckpoint
 from ..source.tables import npy_jobs
@@ -100,6 +100,7 @@ class RunContext:
     quantizer: Quantizer  # the engine chosen (quantize.engines.choose_engine)
     layout_done: bool  # the output is a finished run of these types: only verify runs
     made_from: MadeFrom | None = None  # this run's inputs, recorded in the manifest
+    also: Companion | None = None  # first-class GGUFs for the direct engine's same read
     earlier: EarlierOutputs = field(init=False)  # set as the steps start (find_earlier_outputs)
     # what the steps add as they go
     intermediate: Path | None = None  # the f16/bf16 GGUF, found or written
@@ -301,6 +302,7 @@ class QuantizeStep(Step):
             self._todo, ctx.checkpoint, ctx.intermediate, settings.outtype, ctx.work,
             imatrix=settings.imatrix, threads=settings.threads,
             keep_intermediate=settings.keep_intermediate, pages=ctx.pages, record=ctx.record,
+            also=ctx.also if ctx.direct else None,
         )  # fmt: skip
         q = ctx.quantizer.quantize(request, force=True, progress=ctx.bar)
         results, ctx.intermediate = q.results, q.intermediate
@@ -372,7 +374,10 @@ def plan_page_drops(ctx: RunContext, extracting: bool) -> SourcePages | None:
             "extract", ((j.source.path, j.source.offset, j.source.nbytes) for j in npy_jobs(ck))
         )
     if reads_backbone:
-        pages.expect("convert", ((r.path, r.offset, r.nbytes) for _, r in ck.backbone_tensors()))
+        # the direct engine's joint pass reads the whole checkpoint (the first-class GGUFs)
+        joint = ctx.also is not None and ctx.direct
+        refs = ck.tensors.values() if joint else (r for _, r in ck.backbone_tensors())
+        pages.expect("convert", ((r.path, r.offset, r.nbytes) for r in refs))
     return pages
 
 

@@ -53,6 +53,7 @@ from ..progress import ProgressReporter, ensure
 from ..source.checkpoint import MossCheckpoint
 from .engines import (
     Choice,
+    Companion,
     Engine,
     Quantized,
     QuantizeRequest,
@@ -72,6 +73,7 @@ log = logging.getLogger(__name__)
 ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT: llama-quantize writes with it whatever the input says
 _SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")  # llama-quantize drops them
 _QT = gguf.GGMLQuantizationType
+_DELAY_STEM = "moss-tts-delay"  # the first-class files' names: moss-tts-delay_f16.gguf
 
 
 class DirectUnavailable(Exception):
@@ -90,6 +92,12 @@ class DirectTarget:
     fallbacks: list[lc.TensorFallback] = field(default_factory=list)
     command: list[str] = field(default_factory=list)
     positional: bool = False  # tensors not in read order (the kept intermediate): pwrite
+    plan: GGUFPlan | None = None  # the GGUF it is quantized from (its own tensors)
+    kept: bool = False  # the f16/bf16 GGUF itself, not a quantize result
+
+    def holds(self, name: str) -> bool:
+        """In a joint pass a target writes only its own tensors."""
+        return name in self.types
 
     @property
     def size(self) -> int:
@@ -140,6 +148,7 @@ def plan_direct(
         ]
         for t in targets:  # the user's types over llama.cpp's (as llama-quantize --tensor-type)
             t.types.update({n: int(q) for n in t.types if (q := source.forced_type(n)) is not None})
+            t.plan = source
         order = [r.name for r in targets[0].rows]
         for t in targets[1:]:
             if [r.name for r in t.rows] != order:
@@ -242,7 +251,30 @@ def _intermediate(
         at += t.nbytes + (-t.nbytes % ALIGNMENT)
     header = libggml.HeaderBytes(meta, offsets, sizes, at)
     types = {t.name: int(t.qtype) for t in source.tensors}
-    return DirectTarget(output, source.outtype.value.upper(), types, header, positional=True)
+    return DirectTarget(
+        output, source.outtype.value.upper(), types, header, positional=True, plan=source, kept=True
+    )
+
+
+def join_plans(plans: list[DirectPlan]) -> DirectPlan:
+    """One pass for several families of outputs (the backbone's GGUFs and the first-class
+    ones): the widest plan's read order; every tensor the others hold is the same source
+    read and rounded the same way (checked), so it is read once, and quantized once per
+    distinct type. A family whose order is not the read order's is written by position."""
+    wide = max(plans, key=lambda p: len(p.tensors))
+    by_name = {t.name: t for t in wide.tensors}
+    targets: list[DirectTarget] = []
+    for p in plans:
+        if p.imatrix is not wide.imatrix or p.threads != wide.threads:
+            raise AssertionError("a joint pass needs one importance matrix and thread count")
+        if any(by_name.get(t.name) != t for t in p.tensors):
+            raise AssertionError("the plans name different source tensors alike")
+        own = {t.name for t in p.tensors}
+        in_order = [n for n in by_name if n in own] == [t.name for t in p.tensors]
+        for target in p.targets:
+            target.positional = target.positional or not in_order
+        targets += p.targets
+    return DirectPlan(wide.source, wide.tensors, targets, wide.imatrix, wide.threads)
 
 
 # --------------------------------------------------------------------------- running
@@ -261,7 +293,8 @@ class _Quantizer:
         """Start quantizing data (rows of t, in the intermediate's type) for every target that
         changes its type; returns (futures, {target index: quantized bytes})."""
         rows, cols = data.shape
-        types = {i: target.types[t.name] for i, target in enumerate(plan.targets)}
+        types = {i: target.types[t.name] for i, target in enumerate(plan.targets)
+                 if target.holds(t.name)}  # fmt: skip
         # one quantization per distinct type: Q4_K_M's Q6_K tensors are byte for byte the
         # Q6_K file's (same rows, same imatrix, same routine), so a run making both shares them
         distinct = sorted({type_id for type_id in types.values() if type_id != int(t.qtype)})
@@ -389,7 +422,7 @@ class _Outputs:
             self.digests[i].update(memoryview(data).cast("B"))
 
     def pad(self, i: int, name: str) -> None:
-        if self.sinks[i] is not None:
+        if self.sinks[i] is not None and self.plan.targets[i].holds(name):
             n = self.plan.targets[i].header.sizes[name]
             zeros = b"\0" * (-n % ALIGNMENT)
             self.sinks[i].write(zeros)
@@ -414,7 +447,7 @@ def run_direct(
     RECORD gets each output's digest and that every block passed ggml's validator."""
     bar = ensure(progress)
     started = time.perf_counter()
-    names = ", ".join(t.file_type for t in plan.targets)
+    names = ", ".join(dict.fromkeys(t.file_type for t in plan.targets))
     bar.start("quantize:bytes", f"quantize {names}", plan.source.source_bytes, "B")
     bar.start("quantize:tensors", "tensors", len(plan.tensors), "")
     try:
@@ -523,7 +556,9 @@ def _stream(plan: DirectPlan, outputs: _Outputs, bar: ProgressReporter, pages) -
 def _write_chunk(plan: DirectPlan, outputs: _Outputs, p: _Pending) -> None:
     """Rows p.row0.. of tensor p.t into every output: quantized, or copied as llama-quantize
     copies a tensor whose type stays."""
-    for i in range(len(plan.targets)):
+    for i, target in enumerate(plan.targets):
+        if not target.holds(p.t.name):
+            continue
         if i in p.outs:
             at = p.row0 * libggml.row_size(plan.targets[i].types[p.t.name], p.data.shape[1])
             outputs.write(i, p.t.name, at, p.outs[i])
@@ -535,24 +570,25 @@ def _write_chunk(plan: DirectPlan, outputs: _Outputs, p: _Pending) -> None:
 def _results(plan: DirectPlan, seconds: float) -> list[QuantizeResult]:
     v = lc.library_version()
     version = v.describe() if v else "llama-cpp-python"
-    n_el = max(sum(int(np.prod(t.shape)) for t in plan.tensors), 1)
     results = []
     for target in plan.targets:
-        if target.positional:
+        if target.kept:
             continue  # the kept intermediate is not a quantize result
+        source = target.plan or plan.source
+        n_el = max(sum(int(np.prod(t.shape)) for t in source.tensors), 1)
         size = target.output.stat().st_size
         data = sum(target.header.sizes.values())  # llama.cpp counts tensors without padding
         results.append(
             QuantizeResult(
-                input=plan.source.tensors[0].source.path.parent,
+                input=source.tensors[0].source.path.parent,
                 output=target.output,
                 file_type=target.file_type,
                 engine=Engine.DIRECT.value,
                 command=target.command,
-                input_bytes=plan.source.source_bytes,
+                input_bytes=source.source_bytes,
                 output_bytes=size,
                 n_elements=n_el,
-                input_bpw=plan.source.tensor_bytes * 8 / n_el,
+                input_bpw=source.tensor_bytes * 8 / n_el,
                 bpw=data * 8 / n_el,
                 seconds=seconds,
                 tensors=target.rows,
@@ -588,24 +624,28 @@ def quantize_checkpoint(
     record: HashRecord | None = None,
     first_class: bool = False,
     audio_tables: str | None = None,
+    also: Companion | None = None,
 ) -> CheckpointQuantized:
     """The checkpoint's backbone, quantized to every (output, type) in one read.
 
     ``outtype`` auto rounds through f16 unless a tensor overflows it, then through bf16,
     as `all`'s two-pass path chooses its intermediate. ``first_class``: the whole model as
     one moss-tts-delay GGUF (gguf/delay.py) instead of the backbone alone, its audio tables
-    in ``audio_tables`` (f16, bf16, q8_0) if given.
+    in ``audio_tables`` (f16, bf16, q8_0) if given. ``also``: the first-class GGUFs too, from
+    the same read (join_plans); their results follow the backbone's.
     """
     from ..errors import NumericError
     from ..gguf.write import OutType
 
     plan_source = _source_planner(model, first_class, audio_tables)
-    stem = "moss-tts-delay" if first_class else "backbone"
+    stem = _DELAY_STEM if first_class else "backbone"
     notes: list[str] = []
     for kind in ("f16", "bf16") if outtype == "auto" else (outtype,):
         source = plan_source(OutType.parse(kind))
         kept = scratch_dir / f"{stem}_{kind}.gguf" if keep_intermediate else None
         plan = plan_direct(source, outputs, settings, imatrix, scratch_dir, kept)
+        if also is not None:
+            plan = join_plans([plan, _companion_plan(model, also, kind, settings, scratch_dir)])
         try:
             results = run_direct(plan, force=force, progress=progress, pages=pages, record=record)
         except NumericError as exc:
@@ -617,6 +657,18 @@ def quantize_checkpoint(
             continue
         return CheckpointQuantized(results, kind, kept, notes)
     raise AssertionError("unreachable")
+
+
+def _companion_plan(
+    model, also: Companion, kind: str, settings: QuantizeSettings, scratch_dir: Path
+) -> DirectPlan:
+    """The first-class family's plan, rounded through the same intermediate type."""
+    from ..gguf.write import OutType
+
+    root = model.root if isinstance(model, MossCheckpoint) else Path(model)
+    source = _source_planner(root, True, also.audio_tables)(OutType.parse(kind))
+    kept = also.keep / f"{_DELAY_STEM}_{kind}.gguf" if also.keep is not None else None
+    return plan_direct(source, also.outputs, settings, None, scratch_dir, kept)
 
 
 @dataclass
@@ -633,7 +685,7 @@ class DirectQuantizer:
         q = quantize_checkpoint(
             request.checkpoint, request.outputs, request.outtype, settings, imatrix, request.work,
             keep_intermediate=request.keep_intermediate, force=force, progress=progress,
-            pages=request.pages, record=request.record,
+            pages=request.pages, record=request.record, also=request.also,
         )  # fmt: skip
         return Quantized(q.results, q.intermediate, q.notes)
 

@@ -154,6 +154,16 @@ def checked_as(engine: Engine | str, *, checkpoint: bool) -> Engine:
 
 
 @dataclass
+class Companion:
+    """The first-class GGUFs written by the same read as the backbone's (`all --format
+    backend --format moss-tts-delay`): only the direct engine takes them."""
+
+    outputs: list[tuple[Path, str]]  # (output GGUF, canonical file type)
+    keep: Path | None = None  # the folder of its f16/bf16 file, when that is asked for too
+    audio_tables: str | None = None  # --audio-tables-type
+
+
+@dataclass
 class QuantizeRequest:
     """What `all`'s quantize step asks for: each output and its type, from the opened
     checkpoint (direct) or from the intermediate GGUF (binary, library)."""
@@ -168,6 +178,7 @@ class QuantizeRequest:
     keep_intermediate: bool = False
     pages: SourcePages | None = None
     record: HashRecord | None = None  # the run's: what the engine hashed and checked
+    also: Companion | None = None  # more outputs from the same read (direct engine only)
 
 
 @dataclass
