@@ -253,6 +253,8 @@ def ttfa(lone: str, wide: str, args: argparse.Namespace) -> dict:
                     "audio_s": round(audio[-1], 2), "ttfa_streamed_s": round(first, 3),
                     "response_whole_s": round(whole, 3), "ttfa_ratio": round(first / whole, 3),
                 }  # fmt: skip
+        if not args.levels:
+            return out
         body = speech(args.seconds[0])
         runs = [("1-wide c1", a, 1)] + [(f"{args.max_batch}-wide c{n}", b, n) for n in args.levels]
         rows: dict[str, list[dict]] = {name: [] for name, _, _ in runs}
@@ -299,8 +301,9 @@ def main() -> None:
                         "concurrency level instead of the mixed load run")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3, help="--ttfa: alternated rounds")
     parser.add_argument("--max-batch", type=int, default=4, help="the server's --max-batch")
-    parser.add_argument("--levels", type=lambda v: [int(x) for x in v.split(",")],
-                        default=[1, 2, 4, 8], help="--ttfa: concurrency levels")  # fmt: skip
+    parser.add_argument("--levels", type=lambda v: [int(x) for x in v.split(",") if x],
+                        default=[1, 2, 4, 8],
+                        help="--ttfa: concurrency levels ('' for none)")  # fmt: skip
     parser.add_argument("--seconds", type=lambda v: [float(x) for x in v.split(",")],
                         default=[8.0, 16.0], help="--ttfa: utterance lengths (audio seconds)")
     args = parser.parse_args()
