@@ -1,13 +1,18 @@
 """The batched engine (tts/engine.py): utterances of different lengths joining and leaving a
 shared llama.cpp context give each the rows it gets alone (the engine is always max_batch rows
-wide, so a lone utterance takes the same kernels as a batched one)."""
+wide, so a lone utterance takes the same kernels as a batched one, and each sequence keeps its
+row). On the f16 backbone and on a Q4_K_M one: llama.cpp's K-quant kernels are where a row's
+bits depend on the batch around it."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from moss_gguf_cli.progress import NullProgress
 from moss_gguf_cli.tts import SynthConfig, Synthesizer
@@ -19,8 +24,27 @@ JOBS = [("One.", 40), ("Two words here.", 52), ("A third, longer sentence.", 64)
 
 
 @pytest.fixture(scope="module")
-def wide(tiny_weights: Path):
-    with Synthesizer(SynthConfig.from_yaml(tiny_weights / "moss-tts.yaml"), max_batch=4) as tts:
+def q4_weights(tiny_weights: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny_weights with its backbone quantized to Q4_K_M by the real command."""
+    root = tmp_path_factory.mktemp("weights-q4")
+    for item in tiny_weights.iterdir():
+        if item.name != "moss-tts.yaml" and not item.name.endswith(".gguf"):
+            (root / item.name).symlink_to(item.resolve())
+    done = subprocess.run(
+        [sys.executable, "-m", "moss_gguf_cli", "quantize", str(tiny_weights / "backbone_f16.gguf"),
+         str(root / "backbone_q4_k_m.gguf"), "Q4_K_M"], capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    config = yaml.safe_load((tiny_weights / "moss-tts.yaml").read_text())
+    config["backbone_gguf"] = "backbone_q4_k_m.gguf"
+    (root / "moss-tts.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return root
+
+
+@pytest.fixture(scope="module", params=["f16", "q4_k_m"])
+def wide(request, tiny_weights: Path):
+    folder = tiny_weights if request.param == "f16" else request.getfixturevalue("q4_weights")
+    with Synthesizer(SynthConfig.from_yaml(folder / "moss-tts.yaml"), max_batch=4) as tts:
         yield tts
 
 
@@ -50,3 +74,27 @@ def test_batched_greedy_rows_equal_each_alone(wide):
         assert u.error is None and u.finished
         np.testing.assert_array_equal(np.array(rows), expected)
     assert engine.free == [0, 1, 2, 3]  # every sequence freed when its utterance ended
+
+
+def test_a_sequences_row_does_not_depend_on_the_batch_around_it(q4_weights: Path):
+    """The same state in any sequence, alone or beside others in any order, gives the same
+    bits (llama.cpp computes a batch whose sequences come out of order differently)."""
+    from moss_gguf_cli.tts.backbone import Backbone, BackboneSettings
+
+    rng = np.random.default_rng(0)
+    with Backbone(q4_weights / "backbone_q4_k_m.gguf",
+                  BackboneSettings(n_ctx=256, n_threads=2, n_seq=4)) as bb:  # fmt: skip
+        prompt = rng.standard_normal((24, bb.n_embd)).astype(np.float32) * 0.02
+        row = rng.standard_normal((1, bb.n_embd)).astype(np.float32) * 0.02
+
+        def served(seqs: list[int]) -> list[np.ndarray]:
+            bb.reset()
+            for seq in seqs:
+                bb.prefill(prompt, seq=seq)
+            hidden, logits = bb.step_many(np.repeat(row, len(seqs), axis=0), seqs)
+            return [np.concatenate([hidden[i], logits[i]]) for i in range(len(seqs))]
+
+        first = served([0])[0]
+        for seqs in ([1], [2, 0], [3, 1, 0], [0, 1, 2, 3]):
+            for got in served(seqs):
+                np.testing.assert_array_equal(got, first, err_msg=f"sequences {seqs}")
