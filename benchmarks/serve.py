@@ -266,12 +266,11 @@ def ttfa(lone: str, wide: str, args: argparse.Namespace) -> dict:
             for name, got in rows.items()
         }  # fmt: skip
     put = out["throughput"]
-    alone, own = put["1-wide c1"]["audio_s_per_wall_s"], None
+    alone = put["1-wide c1"]["audio_s_per_wall_s"]
+    own = put.get(f"{args.max_batch}-wide c1", {}).get("audio_s_per_wall_s")
     for name, row in put.items():
-        own = own or (row["audio_s_per_wall_s"] if name.endswith(" c1") and name != "1-wide c1"
-                      else None)  # fmt: skip
         row["vs_1wide_c1"] = round(row["audio_s_per_wall_s"] / alone, 2)
-        if own:
+        if own and name != "1-wide c1":
             row["vs_own_c1"] = round(row["audio_s_per_wall_s"] / own, 2)
     return out
 
