@@ -225,3 +225,12 @@ def test_the_link_checks_see_what_they_should(tmp_path):
     assert anchors((tmp_path / "docs" / "b.md").read_text()) == {
         "the-all-command--twice", "qa", "qa-1"}
     assert broken_links(page, tmp_path) == ["c.md", "b.md#nope", "#b"]
+
+
+def test_docs_name_the_pinned_llama_cpp_python():
+    """The troubleshooting page's reinstall line is copied by hand: it names the pin."""
+    from moss_gguf_cli.native import pins
+
+    named = {v for page in doc_pages()
+             for v in re.findall(r"llama-cpp-python==([\w.]+)", page.read_text("utf-8"))}  # fmt: skip
+    assert named == {pins.LLAMA_CPP_PYTHON}
