@@ -231,6 +231,6 @@ def test_docs_name_the_pinned_llama_cpp_python():
     """The troubleshooting page's reinstall line is copied by hand: it names the pin."""
     from moss_gguf_cli.native import pins
 
-    named = {v for page in doc_pages()
-             for v in re.findall(r"llama-cpp-python==([\w.]+)", page.read_text("utf-8"))}  # fmt: skip
+    pinned = re.compile(r"llama-cpp-python==([\w.]+)")
+    named = {v for page in doc_pages() for v in pinned.findall(page.read_text("utf-8"))}
     assert named == {pins.LLAMA_CPP_PYTHON}
