@@ -104,7 +104,7 @@ def main() -> None:
                         help="skip timing the guide's chain (its f16 GGUF is made untimed)")
     args = parser.parse_args()
     quants = args.quant or ["Q4_K_M"]
-    tree = Path(os.environ.get("LLAMA_CPP_DIR") or sys.exit("set LLAMA_CPP_DIR (see README)"))
+    tree = Path(os.environ.get("LLAMA_CPP_DIR") or sys.exit("set LLAMA_CPP_DIR: docs/install.md"))
     quantize_bin = str(tree / "build/bin/llama-quantize")
     converter = str(tree / "convert_hf_to_gguf.py")
     moss = shutil.which("moss-gguf") or sys.exit("moss-gguf is not installed")

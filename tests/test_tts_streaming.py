@@ -148,7 +148,7 @@ def test_cli_streams_pcm_to_stdout_and_a_wav_file(tiny_weights, tmp_path):
     piped = synth(tiny_weights, "--stream", "--output", "-").stdout
     samples = np.frombuffer(piped, dtype="<i2")  # what `aplay -f S16_LE -r 24000` plays
     assert samples.size == whole.size and samples.size % FRAME_SAMPLES == 0
-    assert np.max(np.abs(samples.astype(np.int32) - whole)) <= 1  # the held gain: see README
+    assert np.max(np.abs(samples.astype(np.int32) - whole)) <= 1  # the held gain (docs: serve)
     wav = tmp_path / "s.wav"
     assert synth(tiny_weights, "--stream", "-o", str(wav)).stdout.decode().strip() == str(wav)
     data, rate = sf.read(str(wav), dtype="int16")  # a plain header: its sizes filled in
