@@ -111,7 +111,7 @@
     const body = await (await api("/v1/audio/voices")).json();
     const voice = $("voice");
     const keep = select || voice.value;
-    voice.replaceChildren(new Option("default (the model's own voice)", "default"));
+    voice.replaceChildren(new Option("default", "default")); // the model's own voice
     const list = $("voice-list");
     list.replaceChildren();
     for (const v of body.data) {
@@ -348,6 +348,8 @@
     if (!player) throw new Error("the server sent no audio");
     run.playedBeforeEnd = player.played();
     run.seconds = player.received();
+    progress(`Streamed ${seconds(run.seconds)} of audio in ${run.deltas} pieces; ` +
+      "the player below holds it to play again or save.");
     setPlayerSource(wavBlob(player.chunks, player.rate));
     if (!finished) throw new Error(`the stream ended early, after ${seconds(run.seconds)} of audio`);
   }
@@ -363,6 +365,7 @@
     const blob = await res.blob();
     run.responseEndAt = performance.now();
     setPlayerSource(blob);
+    progress(`Received the whole ${format} file.`);
     await $("audio").play();
     run.firstSoundAt = performance.now();
     run.playedBeforeEnd = 0;
