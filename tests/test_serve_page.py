@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import httpx
@@ -23,6 +24,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select, WebDriverWait
 from test_serve import KEY, TIMEOUT, start_serve
+from test_serve_stream import metric
 
 from moss_gguf_cli.serve.settings import MAX_INPUT_CHARS
 
@@ -175,6 +177,25 @@ def test_speak_plays_while_the_server_streams(page, server):
     assert any(u.startswith(server.url + "/ui/page.js") for u in urls)
     assert any(u.startswith(server.url + "/v1/audio/speech") for u in urls)
     assert [u for u in urls if not u.startswith((server.url + "/", "blob:", "data:"))] == []
+
+
+def test_stop_ends_the_request_on_the_server(page, server):
+    text = by_id(page, "text")
+    text.clear()
+    text.send_keys("Stopped before it is done.")
+    speak_button_click(page)
+    by_id(page, "stop").click()  # the first chunk takes several generation steps
+    run = last_run(page)
+    assert run["stopped"] and status(page) == "Stopped."
+    deadline = time.monotonic() + TIMEOUT
+    # waiting for its first chunk ("cancelled") or streaming ("stopped"), the job ended
+    while "client went away" not in server.text():
+        assert time.monotonic() < deadline, server.text()
+        time.sleep(0.05)
+    while metric(server, "moss_gguf_busy"):
+        assert time.monotonic() < deadline, server.text()
+        time.sleep(0.05)
+    assert by_id(page, "speak").is_enabled() and not by_id(page, "stop").is_enabled()
 
 
 def test_whole_file_formats_play_in_the_player_by_keyboard(page):

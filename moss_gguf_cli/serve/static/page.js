@@ -366,7 +366,12 @@
     run.responseEndAt = performance.now();
     setPlayerSource(blob);
     progress(`Received the whole ${format} file.`);
-    await $("audio").play();
+    try {
+      await $("audio").play();
+    } catch (err) { // the browser wants a press on the player first
+      if (err.name !== "NotAllowedError") throw err;
+      progress(`Received the whole ${format} file: press play to hear it.`);
+    }
     run.firstSoundAt = performance.now();
     run.playedBeforeEnd = 0;
   }
@@ -405,7 +410,7 @@
     const run = {
       abort: new AbortController(), startedAt: performance.now(), headersAt: null,
       firstSoundAt: null, responseEndAt: null, playedBeforeEnd: null, deltas: 0, seconds: null,
-      streamed: streams, error: null,
+      streamed: streams, error: null, stopped: false,
     };
     state.run = run;
     runs.push(run);
@@ -420,11 +425,13 @@
         `${seconds(made)}.`, "ok");
     } catch (err) {
       run.error = oneLine(err);
+      run.stopped = err.name === "AbortError";
+      if (state.run !== run) return; // a newer Speak took over: its lines are the ones to show
       if (err.name === "AbortError") say("Stopped.");
       else showError(err);
     } finally {
       run.done = true;
-      setBusy(false);
+      if (state.run === run) setBusy(false);
     }
   }
 
