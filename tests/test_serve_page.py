@@ -292,3 +292,18 @@ def test_the_key_is_remembered_by_the_browser(page, server):
     page.get(server.url + "/ui")
     wait(page, lambda d: status(d).startswith("Ready"))
     assert by_id(page, "api-key").get_attribute("value") == KEY
+
+
+def test_without_a_key_the_page_asks_for_none(browser, tiny_weights, tmp_path):
+    srv = start_serve(tiny_weights / "moss-tts.yaml", tmp_path / "s.log",
+                      "--voices", str(tmp_path / "voices"))  # fmt: skip
+    try:
+        assert httpx.get(srv.url + "/ui/config").json() == {"api_key_required": False}
+        browser.get(srv.url + "/")  # another port: another origin, no key stored for it
+        wait(browser, lambda d: status(d).startswith("Ready"))
+        assert not by_id(browser, "api-key").is_displayed()
+        assert [o.get_attribute("value") for o in Select(by_id(browser, "voice")).options] == [
+            "default"
+        ]
+    finally:
+        srv.stop()
