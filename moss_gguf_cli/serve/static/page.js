@@ -154,7 +154,8 @@
       return;
     }
     if (!res.ok) throw await failure(res);
-    const names = ((await res.json()).languages || []).map((x) =>
+    const body = await res.json(); // {"languages": [...]} or OpenAI's list form {"data": [...]}
+    const names = (body.languages || body.data || []).map((x) =>
       typeof x === "string" ? x : x.name || x.code || x.id);
     select.replaceChildren(new Option("auto", "auto"));
     for (const name of names) if (name && name !== "auto") select.add(new Option(name, name));
@@ -289,6 +290,12 @@
     return null;
   }
 
+  function runaways(event) {
+    // chunks of a long text that ran to their budget (a list of chunk numbers, or a count)
+    const r = event.runaways;
+    return Array.isArray(r) ? r.length : Number(r) || 0;
+  }
+
   function events(text) {
     // complete SSE blocks in TEXT → [parsed events, the unfinished rest]
     const blocks = text.split(/\r?\n\r?\n/);
@@ -335,10 +342,13 @@
             run.firstSoundAt = performance.now() + 1000 * (player.firstAt - state.ctx.currentTime);
           }
           const part = chunkOf(event);
+          run.runaways = runaways(event);
           progress(`Playing as it streams: ${seconds(player.received())} received` +
-            (part ? ` · chunk ${part[0]} of ${part[1]}` : ""));
+            (part ? ` · chunk ${part[0]} of ${part[1]}` : "") +
+            (run.runaways ? ` · ${run.runaways} ran away (their audio may be cut)` : ""));
         } else if (event.type === "speech.audio.done") {
           finished = true;
+          if (event.runaways !== undefined) run.runaways = runaways(event);
         } else if (event.error) {
           throw new ApiFailure(event.error.status || 500, event.error.message, event.error.param);
         }
@@ -410,7 +420,7 @@
     const run = {
       abort: new AbortController(), startedAt: performance.now(), headersAt: null,
       firstSoundAt: null, responseEndAt: null, playedBeforeEnd: null, deltas: 0, seconds: null,
-      streamed: streams, error: null, stopped: false,
+      streamed: streams, error: null, stopped: false, runaways: 0,
     };
     state.run = run;
     runs.push(run);
@@ -422,7 +432,8 @@
       const first = (run.firstSoundAt - run.startedAt) / 1000;
       const made = (run.responseEndAt - run.startedAt) / 1000;
       say(`Done: first sound after ${seconds(first)}, the server finished after ` +
-        `${seconds(made)}.`, "ok");
+        `${seconds(made)}.` + (run.runaways ? ` ${run.runaways} chunk(s) ran away: their ` +
+        "audio may be cut." : ""), "ok");
     } catch (err) {
       run.error = oneLine(err);
       run.stopped = err.name === "AbortError";
