@@ -103,6 +103,7 @@ def page(browser, server):
     browser.get(server.url + "/")
     key_field = by_id(browser, "api-key")
     wait(browser, lambda d: key_field.is_displayed())
+    key_field.clear()
     key_field.send_keys(KEY)
     by_id(browser, "key-save").click()
     wait(browser, lambda d: status(d).startswith("Ready"))
@@ -154,6 +155,17 @@ def test_page_is_open_without_the_key_and_the_api_is_not(server):
     assert "http://" not in page and "https://" not in page  # nothing from elsewhere
     assert httpx.get(server.url + "/v1/audio/voices").status_code == 401
     assert httpx.post(server.url + "/", json={}).status_code == 401  # only GET is open
+
+
+def test_a_wrong_key_shows_the_servers_401(browser, server):
+    browser.get(server.url + "/")
+    wait(browser, lambda d: status(d) == "This server needs an API key: enter it above.")
+    by_id(browser, "api-key").send_keys("sk-wrong")
+    by_id(browser, "key-save").click()
+    wait(browser, lambda d: status(d).startswith("Error"))
+    error = httpx.get(server.url + "/v1/models", headers={"Authorization": "Bearer sk-wrong"})
+    assert error.status_code == 401
+    assert status(browser) == f"Error 401: {error.json()['error']['message']}"
 
 
 def test_speak_plays_while_the_server_streams(page, server):
