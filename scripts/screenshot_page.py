@@ -6,6 +6,8 @@ tests use), speaks a short text with the streamed WAV path so the player and the
 show a finished run, and writes the PNG.
 
     python scripts/screenshot_page.py --config weights-demo/moss-tts.yaml -o docs/web-page.png
+    python scripts/screenshot_page.py --config weights-demo/moss-tts.yaml --api-key demo-key \
+        --voice-clip clip.wav --voice-text "What the clip says." -o docs/web-page.png
     python scripts/screenshot_page.py --url http://127.0.0.1:8000 --api-key "$KEY" -o page.png
 """
 
@@ -39,6 +41,8 @@ def main() -> int:
     where.add_argument("--config", type=Path, help="a synth YAML to start `serve` with")
     where.add_argument("--url", help="a running server, e.g. http://127.0.0.1:8000")
     ap.add_argument("--api-key", help="the server's key, if it has one")
+    ap.add_argument("--voice-clip", type=Path, help="a clip to register as voice 'narrator' first")
+    ap.add_argument("--voice-text", default="", help="what the clip says")
     ap.add_argument("-o", "--output", type=Path, required=True, help="the PNG to write")
     ap.add_argument("--width", type=int, default=760, help="window width in CSS pixels")
     ap.add_argument("--timeout", type=float, default=300, help="seconds to wait for speech")
@@ -106,6 +110,12 @@ def _shoot(driver, url: str, args) -> None:
         testid("api-key").send_keys(args.api_key)
         testid("key-save").click()
     wait(lambda: testid("status").text.startswith("Ready"))
+    if args.voice_clip:
+        testid("voice-file").send_keys(str(args.voice_clip.resolve()))
+        testid("voice-name").send_keys("narrator")
+        testid("voice-text").send_keys(args.voice_text)
+        testid("voice-add").click()
+        wait(lambda: testid("status").text.startswith(("Voice narrator", "Error")))
     testid("text").send_keys(TEXT)
     testid("speak").click()
     wait(lambda: testid("status").text.startswith(("Done", "Error")))
