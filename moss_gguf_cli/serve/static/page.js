@@ -312,6 +312,7 @@
   async function streamSpeech(run, body) {
     body.response_format = "wav";
     body.stream_format = "sse";
+    progress("Waiting for the first sound (the server answers once it is made)…");
     const res = await api("/v1/audio/speech", {
       method: "POST", headers: { "Content-Type": "application/json" },
       body: JSON.stringify(body), signal: run.abort.signal,
@@ -426,7 +427,6 @@
     runs.push(run);
     setBusy(true);
     say("Speaking…");
-    progress("");
     try {
       await (streams ? streamSpeech(run, body) : wholeSpeech(run, body, format));
       const first = (run.firstSoundAt - run.startedAt) / 1000;
@@ -438,6 +438,7 @@
       run.error = oneLine(err);
       run.stopped = err.name === "AbortError";
       if (state.run !== run) return; // a newer Speak took over: its lines are the ones to show
+      if (!run.deltas && !run.responseEndAt) progress("");
       if (err.name === "AbortError") say("Stopped.");
       else showError(err);
     } finally {
