@@ -4,7 +4,10 @@
 #
 # Usage:  bash scripts/install.sh          # the tool:  pip install .
 #         bash scripts/install.sh --test   # for the tests: pip install -e '.[test]' torch (CPU),
-#                                          # and llama-quantize from the same llama.cpp build
+#                                          # llama-quantize from the same llama.cpp build, and
+#                                          # Debian's chromium + chromium-driver (apt-get, as
+#                                          # root; skipped when both are installed) for the
+#                                          # browser tests of serve's page
 #
 # The llama.cpp CPU flags come from /proc/cpuinfo (python -m moss_gguf_cli.native.cpu_features):
 # every instruction set this CPU has, AMX never. The llama-cpp-python wheel and its cmake
@@ -22,6 +25,27 @@ cd "$(dirname "$0")/.."
 
 log() { echo "install: $*" >&2; }
 die() { log "error: $*"; exit 1; }
+
+# headless Chromium and its WebDriver for tests/test_serve_page.py (Selenium drives them)
+browser_for_tests() {
+    if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
+        log "chromium and chromedriver are installed"
+        return
+    fi
+    local sudo=()
+    if [[ $(id -u) != 0 ]]; then
+        sudo -n true 2>/dev/null \
+            || die "the browser tests need Debian's chromium and chromium-driver: run as root" \
+                   "(or: sudo apt-get install chromium chromium-driver)"
+        sudo=(sudo -n)
+    fi
+    command -v apt-get >/dev/null 2>&1 \
+        || die "no apt-get here: install chromium and its chromedriver with this system's packages"
+    log "installing Debian's chromium and chromium-driver (apt-get)"
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q >&2
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -q --no-install-recommends chromium chromium-driver >&2
+}
 
 PYTHON=${PYTHON:-python}
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
@@ -73,5 +97,6 @@ else
     # torch pinned: the CPU wheel; a bare `torch` can pull a multi-GB CUDA build
     "$PYTHON" -m pip install --quiet -e '.[test]' torch==2.13.0 >&2
     bash scripts/get-llama-cpp.sh >/dev/null
+    browser_for_tests
 fi
 log "done in $(( $(date +%s) - START )) s"

@@ -16,6 +16,8 @@ What lives here:
 - routes.py     the FastAPI app: /v1/audio/speech, /v1/audio/voices, /v1/models, /health,
                 /metrics; authentication and error rendering
 - server.py     run_server: load, bind, serve with uvicorn, stop cleanly on SIGINT/SIGTERM
+- ui.py         the web page at / and /ui (static/: its HTML, script and style, package data),
+                answered before the API key is checked; the page calls the API as a client
 
 May import: tts/ and the top level (errors, progress, hold_points: a test's hold point);
 nothing imports it except cli/serve_cmd.py. FastAPI, uvicorn, PyAV and prometheus_client come

@@ -4,7 +4,7 @@ Routes check what a request asks for (model, voice, input, limits), hand the wor
 Scheduler and turn its result into bytes; they never call the synthesizer. Every failure is an
 OpenAI error object (api_errors.ApiError); an unexpected one is a 500 whose log line has no
 traceback unless MOSS_GGUF_DEBUG=1. With an API key, every route needs
-`Authorization: Bearer KEY`.
+`Authorization: Bearer KEY`, except the web page in front of them (ui.py).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from .settings import (
     ServeSettings,
 )
 from .streams import stream_speech, unless_gone, wants_stream
+from .ui import with_page
 from .voices import VoiceStore
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ def create_app(service: Service) -> _Guard:
     _middleware(app, service)
     _speech_routes(app, service)
     _voice_routes(app, service)
-    return _Guard(app)
+    return _Guard(with_page(app, key_required=bool(service.settings.api_key)))
 
 
 def error_response(exc: ApiError) -> JSONResponse:
@@ -226,7 +227,7 @@ class _Guard:
     """The outermost ASGI layer: Starlette answers an unexpected error with our 500 and then
     re-raises it for the server to log with a traceback; here it becomes one log line."""
 
-    def __init__(self, app: FastAPI):
+    def __init__(self, app):
         self.app = app
 
     async def __call__(self, scope, receive, send) -> None:
