@@ -152,9 +152,8 @@ async def _sse(
             header = b""
     except StreamCut as cut:  # the event stream itself can say it (OpenAI's error event)
         scope.pop(CUT, None)  # said in the stream: it may end cleanly
-        error = cut.error  # shaped as OpenAI's streamed error event
-        yield _event({"type": "error", "code": error.code, "message": error.message,
-                      "param": error.param})  # fmt: skip
+        # the error object a response would carry, under an event of type "error"
+        yield _event({"type": "error", **cut.error.body()})
         return
     if stream.profile is not None:
         used, made = stream.profile.prompt_rows, stream.profile.steps
