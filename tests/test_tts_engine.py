@@ -98,3 +98,29 @@ def test_a_sequences_row_does_not_depend_on_the_batch_around_it(q4_weights: Path
         for seqs in ([1], [2, 0], [3, 1, 0], [0, 1, 2, 3]):
             for got in served(seqs):
                 np.testing.assert_array_equal(got, first, err_msg=f"sequences {seqs}")
+
+
+def test_a_failing_utterance_ends_alone(wide):
+    """docs/ARCHITECTURE.md §10: one utterance's failure (here its consumer of rows) ends it
+    alone, in the step it failed; the one beside it gets the rows it gets alone."""
+    text, steps = JOBS[1]
+    alone = wide.synthesize(text, max_new_tokens=steps, sampling=GREEDY).rows
+    good, rows = utterance(wide, text, steps)
+
+    def broken(_row) -> None:
+        raise RuntimeError("the consumer failed")
+
+    bad = Utterance(wide.prepare("One.", max_new_tokens=40, sampling=GREEDY), NullProgress(),
+                    broken)  # fmt: skip
+    engine = wide.engine
+    engine.join(good)
+    engine.join(bad)
+    before = engine.last_progress
+    assert engine.step() == [bad]
+    assert bad.finished and isinstance(bad.error, RuntimeError)
+    assert engine.last_progress > before
+    while engine.active:
+        engine.step()
+    assert good.error is None
+    np.testing.assert_array_equal(np.array(rows), alone)
+    assert engine.free == [0, 1, 2, 3]

@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moss_gguf_cli.errors import NumericError
+from moss_gguf_cli.errors import InputError, NumericError
 from moss_gguf_cli.tts.sampling import (
+    GREEDY_BELOW,
     Sampler,
+    SamplingError,
     SamplingParams,
     apply_repetition_penalty,
     filter_probabilities,
@@ -126,3 +128,34 @@ def test_minus_inf_is_never_drawn_and_all_minus_inf_is_an_error():
     assert draws == {1, 3}
     with pytest.raises(NumericError):
         sample_token(np.full(4, -np.inf, dtype=np.float32), SamplingParams(1.0), rng)
+
+
+def test_a_temperature_too_small_to_divide_by_is_greedy():
+    """Issue #36: 1e-320 overflowed the division and left no finite logit, every step."""
+    logits = _logits([0.2, 0.5, 0.3])
+    for tiny in (1e-320, 5e-324, GREEDY_BELOW / 2, float("nan")):
+        rng = np.random.default_rng(0)
+        before = rng.bit_generator.state
+        assert sample_token(logits.copy(), SamplingParams(temperature=tiny), rng) == 1
+        assert rng.bit_generator.state == before
+    assert not SamplingParams(temperature=GREEDY_BELOW).greedy
+
+
+def test_settings_that_leave_nothing_to_sample_name_themselves():
+    """The request's settings are the request's fault (an InputError naming the setting);
+    logits that were broken before them are the server's (NumericError)."""
+    sampler = Sampler(SamplingParams(), SamplingParams(repetition_penalty=1e-39), seed=0)
+    logits = np.full((2, 4), 3e38, dtype=np.float32)
+    with pytest.raises(SamplingError) as caught:
+        sampler.audio(logits, np.ones((2, 4), dtype=bool))
+    assert caught.value.setting == "audio_repetition_penalty"
+    assert isinstance(caught.value, InputError)
+    # float32 logits cannot overflow a division by 1e-5 in float64; float64 ones can
+    hot = Sampler(SamplingParams(temperature=1e-4), SamplingParams(), seed=0)
+    with pytest.raises(SamplingError) as caught:
+        hot.text(np.array([1e306, 0.0]))
+    assert caught.value.setting == "text_temperature"
+    broken = np.full(4, -np.inf, dtype=np.float32)
+    with pytest.raises(NumericError) as caught:
+        Sampler(SamplingParams(), SamplingParams(), seed=0).text(broken)
+    assert not isinstance(caught.value, InputError)

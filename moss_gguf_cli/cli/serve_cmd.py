@@ -27,12 +27,16 @@ EXAMPLES = """
   # up to 8 requests generated together in one llama.cpp batch
   moss-gguf serve --config weights/moss-tts.yaml --max-batch 8
 
+  # /health says 503 once running requests made no progress for 60 s
+  moss-gguf serve --config weights/moss-tts.yaml --stall-timeout 60
+
   curl http://127.0.0.1:8000/v1/audio/speech -H 'Content-Type: application/json' \\
       -d '{"model": "moss-tts", "input": "Hello", "voice": "default", "response_format": "wav"}' \\
       -o hello.wav
 
 Binding anything but 127.0.0.1 / localhost needs --api-key (or $MOSS_GGUF_API_KEY); clients
-then send 'Authorization: Bearer KEY', as OpenAI clients do. Ctrl+C (or SIGTERM) stops it.
+then send 'Authorization: Bearer KEY' to /v1, as OpenAI clients do (/health and /metrics stay
+open). Limits and ranges: docs/serve-limits.md. Ctrl+C (or SIGTERM) stops it.
 """
 
 
@@ -53,7 +57,7 @@ def serve_command(
         str | None,
         typer.Option(
             envvar="MOSS_GGUF_API_KEY",
-            help="Require 'Authorization: Bearer KEY' on every request.",
+            help="Require 'Authorization: Bearer KEY' on every /v1 request.",
             show_envvar=True,
         ),
     ] = None,
@@ -71,6 +75,13 @@ def serve_command(
             "positions of KV cache)."
         ),
     ] = 4,
+    stall_timeout: Annotated[
+        float,
+        typer.Option(
+            help="Seconds running requests may go without a generation step before they are "
+            "answered with an error and /health reports 503."
+        ),
+    ] = 300.0,
     quiet: Quiet = False,
     verbose: Verbose = False,
 ) -> None:
@@ -78,7 +89,7 @@ def serve_command(
     setup_logging(mode)
     settings = ServeSettings(
         config=config, host=host, port=port, api_key=api_key, voices=voices,
-        max_queue=max_queue, max_batch=max_batch,
+        max_queue=max_queue, max_batch=max_batch, stall_timeout=stall_timeout,
     )  # fmt: skip
     settings.check()  # before the imports and the model: a refused binding costs nothing
     run_server = _server()

@@ -4,6 +4,7 @@ What lives here:
 
 - settings.py   ServeSettings (bind address, key, limits) and the binding rule
 - api_errors.py ApiError: the OpenAI error object ({"error": {message, type, param, code}})
+- failures.py   what a failed job answers: 4xx naming the field the request got wrong, else 500
 - schemas.py    the request bodies (pydantic), named as OpenAI's fields and the synth YAML's keys
 - audio.py      waveform → wav / pcm / flac / mp3 / opus / aac bytes; tempo change for `speed`
 - voices.py     VoiceStore: reference voices as codes on disk (atomic writes, checked names)
@@ -14,7 +15,8 @@ What lives here:
                 speech.audio.delta / speech.audio.done events); the disconnect watch
 - metrics.py    Prometheus counters, gauges and histograms (prometheus_client)
 - routes.py     the FastAPI app: /v1/audio/speech, /v1/audio/voices, /v1/models, /health,
-                /metrics; authentication and error rendering
+                /metrics; authentication, error rendering, the bounds on every body
+                (limits and ranges: docs/serve-limits.md)
 - server.py     run_server: load, bind, serve with uvicorn, stop cleanly on SIGINT/SIGTERM
 - ui.py         the web page at / and /ui (static/: its HTML, script and style, package data),
                 answered before the API key is checked; the page calls the API as a client

@@ -3,20 +3,19 @@
     {"error": {"message": "...", "type": "invalid_request_error", "param": "input",
                "code": "empty_input"}}
 
-Core errors (errors.MossGgufError) become one: bad input or usage → 400, anything else → 500,
-with the same one line the CLI prints.
+Core errors (errors.MossGgufError) become one in failures.api_error: what the request caused
+→ 4xx naming its field, anything else → 500.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..errors import MossGgufError
-
 TYPES = {
     400: "invalid_request_error",
     401: "invalid_request_error",
     404: "invalid_request_error",
+    405: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
     503: "server_error",
@@ -44,13 +43,23 @@ class ApiError(Exception):
             }
         }
 
-    @classmethod
-    def from_core(cls, exc: MossGgufError, param: str | None = None) -> ApiError:
-        status = 400 if exc.exit_code == 2 else 500
-        code = "invalid_value" if status == 400 else "synthesis_failed"
-        # the server's own paths mean nothing to a client: message and fix only
-        text = exc.message + (f" ({exc.hint})" if exc.hint else "")
-        return cls(status, text, param=param, code=code)
+
+class Stalled(ApiError):
+    """The watchdog's answer: the worker made no progress for STALL_S seconds."""
+
+    def __init__(self, stall_s: float, running: bool):
+        what = "generating this request" if running else "starting this request"
+        super().__init__(503 if not running else 500,
+                         f"the server made no progress {what} for {stall_s:.0f} s; it is "
+                         "reported unhealthy on /health; retry later or elsewhere",
+                         code="engine_stalled")  # fmt: skip
+
+
+class ShuttingDown(ApiError):
+    def __init__(self) -> None:
+        super().__init__(
+            503, "the server is shutting down; retry against a running server", code="shutting_down"
+        )
 
 
 class QueueFull(ApiError):
@@ -59,11 +68,4 @@ class QueueFull(ApiError):
             429,
             f"the queue is full ({limit} requests waiting); retry in a moment",
             code="queue_full",
-        )
-
-
-class ShuttingDown(ApiError):
-    def __init__(self) -> None:
-        super().__init__(
-            503, "the server is shutting down; retry against a running server", code="shutting_down"
         )

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import io
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
+
+from .api_errors import ApiError
+from .settings import CLIP_RATES, MAX_CLIP_CHANNELS, MAX_CLIP_SECONDS
 
 FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
 MEDIA_TYPES = {
@@ -111,3 +115,32 @@ def _atempo_factors(speed: float) -> list[float]:
         factors.append(0.5)
         speed /= 0.5
     return [*factors, speed]
+
+
+def probe_clip(path: Path, name: str | None = None) -> None:
+    """Refuse a voice clip by its header, before it is decoded: one soundfile cannot read,
+    a sample rate the resampler would need gigabytes for, more channels or seconds than a
+    reference voice needs (a small compressed file can say hours). NAME: the client's name
+    for the file, shown (cut short) in the messages; the server's path never is."""
+    import soundfile as sf
+
+    shown = f"file {name[:64]!r}" if name else "file"
+
+    try:
+        info = sf.info(str(path))
+    except Exception:  # noqa: BLE001 - libsndfile's errors: not audio it reads
+        raise ApiError(400, f"{shown} is not audio this server reads; send a WAV, FLAC or OGG "
+                       "clip", param="file", code="invalid_audio") from None  # fmt: skip
+    low, high = CLIP_RATES
+    if not low <= info.samplerate <= high:
+        raise ApiError(400, f"{shown} says its sample rate is {info.samplerate} Hz; a clip must "
+                       f"be {low}-{high} Hz", param="file", code="invalid_audio")  # fmt: skip
+    if not 1 <= info.channels <= MAX_CLIP_CHANNELS:
+        raise ApiError(400, f"{shown} has {info.channels} channels; a clip has 1 to "
+                       f"{MAX_CLIP_CHANNELS}", param="file", code="invalid_audio")  # fmt: skip
+    if info.frames <= 0:
+        raise ApiError(400, f"{shown} holds no audio", param="file", code="invalid_audio")
+    if info.frames / info.samplerate > MAX_CLIP_SECONDS:
+        raise ApiError(413, f"{shown} is {info.frames / info.samplerate:.0f} s of audio, the "
+                       f"limit is {MAX_CLIP_SECONDS:.0f} s; a clip of 5-20 s is plenty",
+                       param="file", code="clip_too_long")  # fmt: skip

@@ -3,26 +3,33 @@
 Routes check what a request asks for (model, voice, input, limits), hand the work to the
 Scheduler and turn its result into bytes; they never call the synthesizer. Every failure is an
 OpenAI error object (api_errors.ApiError); an unexpected one is a 500 whose log line has no
-traceback unless MOSS_GGUF_DEBUG=1. With an API key, every route needs
-`Authorization: Bearer KEY`, except the web page in front of them (ui.py).
+traceback unless MOSS_GGUF_DEBUG=1. With an API key, every route under /v1 needs
+`Authorization: Bearer KEY`; /health and /metrics stay open for probes and scrapers, as vLLM
+and TGI leave them (docs/serve-limits.md), and so does the web page in front of them (ui.py).
+Every body is bounded before it is read: its Content-Length, then the bytes as they arrive
+(_Guard).
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
+import re
+import shutil
 import tempfile
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import FastAPI, File, Form, Request, UploadFile
+from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from ..errors import is_debug
 from ..tts.codec import FRAME_SAMPLES
@@ -30,16 +37,20 @@ from . import audio
 from .api_errors import ApiError
 from .metrics import CONTENT_TYPE, Metrics
 from .scheduler import Scheduler, SpeechJob
-from .schemas import SpeechRequest, validation_error
+from .schemas import SpeechRequest, parse_speech, validation_error
 from .settings import (
     DEFAULT_VOICE,
+    MAX_BODY_BYTES,
+    MAX_FORM_BYTES,
     MAX_INPUT_CHARS,
+    MAX_INSTRUCTIONS_CHARS,
     MAX_UPLOAD_BYTES,
+    MAX_VOICE_TEXT_CHARS,
     OPENAI_MODELS,
     OPENAI_VOICES,
     ServeSettings,
 )
-from .streams import stream_speech, unless_gone, wants_stream
+from .streams import CUT, StreamCut, stream_speech, unless_gone, wants_stream
 from .ui import with_page
 from .voices import VoiceStore
 
@@ -71,6 +82,10 @@ class Service:
             raise ApiError(413, f"input is {len(body.input)} characters, the limit is "
                            f"{MAX_INPUT_CHARS}; split the text into several requests",
                            param="input", code="input_too_long")  # fmt: skip
+        if body.instructions and len(body.instructions) > MAX_INSTRUCTIONS_CHARS:
+            raise ApiError(413, f"instructions is {len(body.instructions)} characters, the "
+                           f"limit is {MAX_INSTRUCTIONS_CHARS}; shorten it",
+                           param="instructions", code="instructions_too_long")  # fmt: skip
         codes = None
         if body.voice_name != DEFAULT_VOICE and body.voice_name not in OPENAI_VOICES:
             codes = self.voices.load(body.voice_name).codes
@@ -120,16 +135,31 @@ def _errors(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        message = f"{request.method} {request.url.path}: {exc.detail}"
-        if exc.status_code == 404:
-            message += "; the routes are /v1/audio/speech, /v1/audio/voices, /v1/models, " \
+        message = f"{request.method} {request.url.path[:200]}: {exc.detail}"
+        if exc.status_code in (404, 405):
+            message += "; the routes are POST /v1/audio/speech, GET and POST " \
+                       "/v1/audio/voices, DELETE /v1/audio/voices/NAME, GET /v1/models, " \
                        "/health, /metrics"  # fmt: skip
-        return error_response(ApiError(exc.status_code, message, code=str(exc.status_code)))
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
+        return error_response(ApiError(exc.status_code, message, code=code))
+
+    @app.exception_handler(ClientDisconnect)
+    async def gone(_request: Request, _exc: ClientDisconnect) -> Response:
+        # the client left mid-body, or _Guard cut its body off (and answered it): no one reads this
+        return Response(status_code=499)
 
     @app.exception_handler(Exception)
     async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
-        return error_response(ApiError(500, f"unexpected {type(exc).__name__}: {exc}",
-                                       code="internal_error"))  # fmt: skip
+        if isinstance(exc, StreamCut):  # not unexpected: _Guard drops its connection
+            raise exc
+        log.error("unexpected %s: %s (MOSS_GGUF_DEBUG=1 shows where)", type(exc).__name__,
+                  exc, exc_info=is_debug())  # fmt: skip
+        return error_response(ApiError(500, "the server failed on this request; its log says "
+                                       "why", code="internal_error"))  # fmt: skip
+
+
+# open without the API key: orchestrators' probes and Prometheus scrapers cannot send one
+OPEN_PATHS = frozenset({"/health", "/metrics"})
 
 
 def _middleware(app: FastAPI, service: Service) -> None:
@@ -138,10 +168,11 @@ def _middleware(app: FastAPI, service: Service) -> None:
     @app.middleware("http")
     async def authorize_and_count(request: Request, call_next):
         start = time.perf_counter()
-        if key and not _authorized(request.headers.get("authorization", ""), key):
+        if (key and request.url.path not in OPEN_PATHS
+                and not _authorized(request.headers.get("authorization", ""), key)):
             response = error_response(ApiError(
-                401, "missing or wrong API key; send 'Authorization: Bearer KEY' with the "
-                "key the server was started with (--api-key)", code="invalid_api_key"))  # fmt: skip
+                401, "missing or wrong API key; send 'Authorization: Bearer KEY' with this "
+                "server's key", code="invalid_api_key"))  # fmt: skip
         else:
             response = await call_next(request)
         elapsed = time.perf_counter() - start
@@ -156,7 +187,8 @@ def _authorized(header: str, key: str) -> bool:
 
 def _speech_routes(app: FastAPI, service: Service) -> None:
     @app.post("/v1/audio/speech")
-    async def speech(body: SpeechRequest, request: Request) -> Response:
+    async def speech(request: Request) -> Response:
+        body = parse_speech(await request.body())  # bounded by _Guard
         job = service.speech_job(body)
         if wants_stream(body):
             return await stream_speech(request, body, job, service.scheduler, service.rate,
@@ -176,9 +208,11 @@ def _speech_routes(app: FastAPI, service: Service) -> None:
     @app.get("/health")
     async def health() -> JSONResponse:
         scheduler = service.scheduler
-        body = {"status": "stopping" if scheduler.closing else "ok", "model": service.model_id,
-                "queue": scheduler.waiting, "busy": scheduler.busy}  # fmt: skip
-        return JSONResponse(body, status_code=503 if scheduler.closing else 200)
+        status = "stopping" if scheduler.closing else "stalled" if scheduler.stalled else "ok"
+        body = {"status": status, "model": service.model_id, "queue": scheduler.waiting,
+                "busy": scheduler.busy, "seconds_without_progress": round(scheduler.idle_s, 1),
+                "stall_timeout": scheduler.stall_s}  # fmt: skip
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -189,26 +223,17 @@ def _voice_routes(app: FastAPI, service: Service) -> None:
     frame_s = FRAME_SAMPLES / service.rate
 
     @app.post("/v1/audio/voices")
-    async def add_voice(
-        name: Annotated[str, Form()],
-        file: Annotated[UploadFile, File()],
-        text: Annotated[str | None, Form()] = None,
-    ) -> dict[str, Any]:
-        service.voices.check_name(name)
-        if file.size is not None and file.size > MAX_UPLOAD_BYTES:
-            raise ApiError(413, f"file is {file.size} bytes, the limit is {MAX_UPLOAD_BYTES}; "
-                           "a clip of 5-20 s is plenty", param="file",
-                           code="file_too_large")  # fmt: skip
-        with tempfile.TemporaryDirectory(prefix="moss-gguf-voice-") as tmp:
-            clip = Path(tmp) / (Path(file.filename or "clip").name or "clip")
-            clip.write_bytes(await file.read())
-            try:
+    async def add_voice(request: Request) -> dict[str, Any]:
+        # the form is parsed here, not by FastAPI, so its bounds hold while it is read
+        async with _read_form(request) as form:
+            name, text, upload = _voice_fields(form)
+            service.voices.check_name(name)
+            with tempfile.TemporaryDirectory(prefix="moss-gguf-voice-") as tmp:
+                # never the client's file name: only a short plain suffix is kept from it
+                clip = Path(tmp) / f"clip{_suffix(upload.filename)}"
+                await run_in_threadpool(_save, upload, clip)
+                await run_in_threadpool(audio.probe_clip, clip, upload.filename)
                 codes = await service.scheduler.encode_voice(clip)
-            except ApiError as exc:
-                if exc.status == 400:  # the clip is what was wrong; our temporary name is not
-                    exc.param = "file"
-                    exc.message = exc.message.replace(str(clip), file.filename or "the file")
-                raise
         voice = await run_in_threadpool(service.voices.save, name, codes, text)
         return voice.to_dict(frame_s)
 
@@ -223,16 +248,138 @@ def _voice_routes(app: FastAPI, service: Service) -> None:
         return {"object": "voice.deleted", "name": name, "deleted": True}
 
 
+@asynccontextmanager
+async def _read_form(request: Request):
+    """The voice form, parsed with bounds on its parts (the whole body is _Guard's)."""
+    try:
+        form = await request.form(max_files=1, max_fields=2,
+                                  max_part_size=4 * MAX_VOICE_TEXT_CHARS)  # fmt: skip
+    except HTTPException as exc:  # a malformed multipart body
+        raise ApiError(400, f"the body is not a form this route reads ({exc.detail}); send "
+                       "multipart/form-data with name, file and optionally text",
+                       code="invalid_form") from None  # fmt: skip
+    try:
+        yield form
+    finally:
+        await form.close()
+
+
+def _voice_fields(form) -> tuple[str, str | None, UploadFile]:
+    """name, text and the uploaded file of the voice form, each checked."""
+    name, text, upload = form.get("name"), form.get("text"), form.get("file")
+    if not isinstance(name, str):
+        raise ApiError(400, "name is required: the voice's name, a form field",
+                       param="name", code="invalid_value")  # fmt: skip
+    if text is not None and not isinstance(text, str):
+        raise ApiError(400, "text is a form field, not a file", param="text",
+                       code="invalid_value")  # fmt: skip
+    if text is not None and len(text) > MAX_VOICE_TEXT_CHARS:
+        raise ApiError(413, f"text is {len(text)} characters, the limit is "
+                       f"{MAX_VOICE_TEXT_CHARS}", param="text", code="text_too_long")  # fmt: skip
+    if not isinstance(upload, UploadFile):
+        raise ApiError(400, "file is required: the voice's audio clip, uploaded as a file",
+                       param="file", code="invalid_value")  # fmt: skip
+    if upload.size is not None and upload.size > MAX_UPLOAD_BYTES:
+        raise ApiError(413, f"file is {upload.size} bytes, the limit is {MAX_UPLOAD_BYTES}; "
+                       "a clip of 5-20 s is plenty", param="file",
+                       code="file_too_large")  # fmt: skip
+    return name, text, upload
+
+
+def _suffix(filename: str | None) -> str:
+    suffix = Path(filename or "").suffix.lower()
+    return suffix if re.fullmatch(r"\.[a-z0-9]{1,5}", suffix) else ""
+
+
+def _save(upload: UploadFile, path: Path) -> None:
+    upload.file.seek(0)
+    with open(path, "wb") as out:
+        shutil.copyfileobj(upload.file, out, 1 << 20)
+
+
 class _Guard:
-    """The outermost ASGI layer: Starlette answers an unexpected error with our 500 and then
-    re-raises it for the server to log with a traceback; here it becomes one log line."""
+    """The outermost ASGI layer. It bounds every body before it is read (its Content-Length;
+    then the bytes as they arrive, so a chunked body is cut off too), and turns an unexpected
+    error into one log line (Starlette answers it with our 500, then re-raises it for the
+    server to log with a traceback). A stream cut short ends here: its connection is dropped
+    without a clean end (streams.StreamCut), so the client sees it incomplete."""
 
     def __init__(self, app):
         self.app = app
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            limit, param = _body_limit(scope)
+            refused = _declared_too_large(scope, limit, param)
+            if refused is not None:  # answered without reading a byte of the body
+                await error_response(refused)(scope, receive, send)
+                return
+            capped = _Capped(scope, receive, send, limit, param)
+            receive, send = capped.receive, capped.send
         try:
             await self.app(scope, receive, send)
+        except StreamCut as exc:
+            log.warning("a stream ended early, its connection dropped: %s", exc)
         except Exception as exc:  # noqa: BLE001 - already answered with a 500
             log.error("unexpected %s: %s (MOSS_GGUF_DEBUG=1 shows where)", type(exc).__name__,
                       exc, exc_info=is_debug())  # fmt: skip
+
+
+def _body_limit(scope) -> tuple[int, str | None]:
+    """The most bytes a request's body may have, and the field named when it has more."""
+    if scope["method"] == "POST" and scope["path"] == "/v1/audio/voices":
+        return MAX_FORM_BYTES, "file"
+    return MAX_BODY_BYTES, None
+
+
+def _too_large(size: int | None, limit: int, param: str | None) -> ApiError:
+    what = "the upload" if param else "the body"
+    got = f"is {size} bytes" if size is not None else "passed"
+    fix = "a clip of 5-20 s is plenty" if param else "shorten input or instructions"
+    return ApiError(413, f"{what} {got}, the limit is {limit}; {fix}", param=param,
+                    code="body_too_large")  # fmt: skip
+
+
+def _declared_too_large(scope, limit: int, param: str | None) -> ApiError | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                size = int(value)
+            except ValueError:
+                return ApiError(400, "Content-Length is not a number", code="invalid_request")
+            return _too_large(size, limit, param) if size > limit else None
+    return None
+
+
+class _Capped:
+    """The request's RECEIVE and SEND, cut off once the body passes LIMIT bytes (a chunked
+    body has no Content-Length to refuse it by): the 413 is sent there, the app is told the
+    client left, and whatever it answers after that is dropped."""
+
+    def __init__(self, scope, receive, send, limit: int, param: str | None):
+        self.scope, self._receive, self._send = scope, receive, send
+        self.limit, self.param = limit, param
+        self.seen = 0
+        self.refused = False
+
+    async def receive(self):
+        if self.refused:
+            return {"type": "http.disconnect"}
+        message = await self._receive()
+        if message["type"] == "http.request":
+            self.seen += len(message.get("body", b""))
+            if self.seen > self.limit:
+                self.refused = True
+                response = error_response(_too_large(None, self.limit, self.param))
+                await response(self.scope, self._receive, self._send)
+                return {"type": "http.disconnect"}
+        return message
+
+    async def send(self, message) -> None:
+        if self.refused:
+            return
+        cut = self.scope.get(CUT)
+        if cut is not None and message["type"] == "http.response.body" \
+                and not message.get("more_body", False):  # fmt: skip
+            raise cut  # not the clean end of a stream that failed: the connection is dropped
+        await self._send(message)

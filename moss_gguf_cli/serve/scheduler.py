@@ -13,6 +13,12 @@ A job that cannot wait is refused at once: 429 when `max_queue` jobs already wai
 sequence, 503 once shutdown() was called. A job stops at its next generation step when its
 client goes away or the server stops (the progress reporter it runs with is the cancellation
 point), and its sequence is free for the next job from the step after.
+
+Failure is per job: an utterance that fails in a step ends alone with its error (the engine
+never raises for it, docs/ARCHITECTURE.md §10), answered by `failures.api_error` (4xx where the
+request caused it). A watchdog thread answers every job with an error once the worker has made
+no progress (no step, prefill or job start) for `stall_s` while jobs run, and /health reports
+the server stalled until it moves again.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,18 +36,15 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import MossGgufError, is_debug
+from ..errors import is_debug
 from ..hold_points import hold
 from ..progress import NullProgress
 from ..tts import Synthesizer, SynthProfile, SynthResult
 from ..tts.engine import Engine, Utterance
-from .api_errors import ApiError, QueueFull, ShuttingDown
+from .api_errors import QueueFull, ShuttingDown, Stalled
+from .failures import Cancelled, api_error
 
 log = logging.getLogger(__name__)
-
-
-class Cancelled(Exception):
-    """The job is no longer wanted (its client left, or the server is stopping)."""
 
 
 @dataclass
@@ -68,6 +72,7 @@ class _Task:
 
     run: Callable[[Synthesizer, NullProgress], Any] | None
     kind: str
+    job: SpeechJob | None = None  # what a speech task asked for (its errors name its fields)
     begin: Callable[[Synthesizer, NullProgress], Utterance] | None = None
     end: Callable[[Synthesizer, Utterance], Any] | None = None
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
@@ -93,9 +98,12 @@ class Scheduler:
         tts: Synthesizer,
         max_queue: int,
         on_speech: Callable[[SynthProfile], None] | None = None,
+        stall_s: float = 300.0,
     ):
         self.tts = tts
         self.max_queue = max_queue
+        self.stall_s = stall_s
+        self._beat = time.monotonic()  # the worker's last sign of life besides the engine's
         self._on_speech = on_speech
         self._cond = threading.Condition()
         self._waiting: deque[_Task] = deque()
@@ -104,6 +112,8 @@ class Scheduler:
         self.batch_max = 0  # the most utterances stepped together
         self._closing = False
         self._thread = threading.Thread(target=self._work, name="moss-gguf-synth", daemon=True)
+        self._watchdog = threading.Thread(target=self._watch, name="moss-gguf-watchdog",
+                                          daemon=True)  # fmt: skip
 
     # -- what routes call
 
@@ -120,8 +130,22 @@ class Scheduler:
     def closing(self) -> bool:
         return self._closing
 
+    @property
+    def idle_s(self) -> float:
+        """Seconds since the worker last made progress while jobs run (0 when none run)."""
+        if not self._running:
+            return 0.0
+        last = max(self.tts.engine.last_progress, self._beat)
+        return max(0.0, time.monotonic() - last)
+
+    @property
+    def stalled(self) -> bool:
+        """Jobs run, and no step, prefill or job start came for `stall_s` seconds."""
+        return self.idle_s > self.stall_s
+
     def start(self) -> None:
         self._thread.start()
+        self._watchdog.start()
 
     async def speak(self, job: SpeechJob) -> SynthResult:
         rows: list[np.ndarray] = []
@@ -132,7 +156,7 @@ class Scheduler:
         def end(tts: Synthesizer, u: Utterance) -> SynthResult:
             return tts.whole_result(u.run, rows)
 
-        result = await self._submit(_Task(None, "speech", begin, end))
+        result = await self._submit(_Task(None, "speech", job, begin, end))
         if self._on_speech is not None:
             self._on_speech(result.profile)
         return result
@@ -157,7 +181,7 @@ class Scheduler:
                 stream.put(chunk)
             return tts.stream_result(u.run, made[0]).profile
 
-        task = _Task(None, "speech", begin, end)
+        task = _Task(None, "speech", job, begin, end)
         stream.task = task
         task.future.add_done_callback(stream.finished)
         self._enqueue(task)
@@ -228,6 +252,7 @@ class Scheduler:
                 tasks.append(task)
             self._running += tasks
             self._free = free
+            self._beat = time.monotonic()
             return tasks
 
     def _work(self) -> None:
@@ -239,9 +264,11 @@ class Scheduler:
             self.batch_max = max(self.batch_max, len(engine.active))
             try:
                 ended = engine.step()
-            except Exception as exc:  # noqa: BLE001 - the batch failed: its jobs answer
-                ended = [u for u, _ in jobs.values() if u.finished]
+            except Exception as exc:  # noqa: BLE001 - a bug: never step the same rows again
                 log.error("a generation step failed: %s", exc, exc_info=is_debug())
+                for u in list(engine.active):
+                    engine.leave(u, exc)
+                ended = [u for u, _ in jobs.values() if u.finished]
             for u in ended:
                 _, task = jobs.pop(id(u))
                 self._end_task(task, u)
@@ -250,6 +277,28 @@ class Scheduler:
         for u, task in jobs.values():  # stopping: free what still runs (answered 503)
             engine.leave(u, ShuttingDown())
             self._done(task)
+
+    def _watch(self) -> None:
+        """The watchdog: jobs that cannot be served because the worker stopped moving are
+        answered (500 for those running, 503 for those waiting) rather than left hanging."""
+        reported = False
+        while not self._closing:
+            time.sleep(min(1.0, self.stall_s / 4))
+            if not self.stalled:
+                reported = False
+                continue
+            with self._cond:
+                running, waiting = list(self._running), list(self._waiting)
+            if not reported:
+                log.error("no generation step finished for %.0f s with %d request(s) running; "
+                          "answering them (/health reports 503)", self.idle_s, len(running))
+                reported = True
+            for task in running:
+                task.cancel.set()
+                _settle(task.future, error=Stalled(self.stall_s, running=True))
+            for task in waiting:
+                task.cancel.set()
+                _settle(task.future, error=Stalled(self.stall_s, running=False))
 
     def _start_task(self, task: _Task, engine: Engine, jobs: dict) -> None:
         if task.cancel.is_set() or not task.future.set_running_or_notify_cancel():
@@ -277,17 +326,8 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 - answered; the worker goes on
             self._fail(task, exc)
 
-    def _fail(self, task: _Task, exc: Exception) -> None:
-        if isinstance(exc, Cancelled):
-            log.info("a %s request was cancelled at a generation step", task.kind)
-            _settle(task.future, error=ShuttingDown())
-        elif isinstance(exc, MossGgufError):
-            _settle(task.future, error=ApiError.from_core(exc))
-        else:
-            log.error("unexpected %s in a %s request: %s", type(exc).__name__, task.kind, exc,
-                      exc_info=is_debug())  # fmt: skip
-            _settle(task.future, error=ApiError(500, f"unexpected {type(exc).__name__}: "
-                                                f"{exc}", code="internal_error"))  # fmt: skip
+    def _fail(self, task: _Task, exc: BaseException) -> None:
+        _settle(task.future, error=api_error(exc, task.kind, task.job))
         self._done(task)
 
     def _done(self, task: _Task) -> None:

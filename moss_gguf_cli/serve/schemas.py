@@ -3,19 +3,27 @@
 MOSS's fields are named as the synth YAML's keys (clients send them through the `openai`
 client's `extra_body`); temperature 0 is greedy. Unknown fields are refused (400 naming the
 field), as OpenAI refuses them: a misspelt `audio_temprature` must not be silently ignored.
-A validation error becomes one ApiError naming the field (validation_error).
+A validation error becomes one ApiError naming the field (validation_error); a body that is
+not a JSON object is one naming no field (parse_speech). The ranges are docs/serve-limits.md's:
+wherever they allow, the arithmetic of sampling stays finite.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..tts.config import SAMPLING_KEYS
+from ..tts.sampling import PENALTY_RANGE, TEMPERATURE_MAX, TOP_K_MAX
 from .api_errors import ApiError
 from .audio import SPEED_RANGE
-from .settings import DEFAULT_VOICE
+from .settings import DEFAULT_VOICE, MAX_NAME_CHARS
+
+MAX_NEW_TOKENS = 1 << 20  # beyond any context: the server's n_ctx bounds it further
+TEMPERATURE = {"ge": 0, "le": TEMPERATURE_MAX}
+PENALTY = {"ge": PENALTY_RANGE[0], "le": PENALTY_RANGE[1]}
 
 
 class VoiceId(BaseModel):
@@ -23,29 +31,29 @@ class VoiceId(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    id: str
+    id: str = Field(max_length=MAX_NAME_CHARS)
 
 
 class SpeechRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model: str
-    input: str
-    voice: str | VoiceId = DEFAULT_VOICE
-    instructions: str | None = None
+    model: str = Field(max_length=MAX_NAME_CHARS)
+    input: str  # its limit is checked by the route (413 naming it); the body's bounds it here
+    voice: Annotated[str, Field(max_length=MAX_NAME_CHARS)] | VoiceId = DEFAULT_VOICE
+    instructions: str | None = None  # as input
     response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
     speed: float = Field(1.0, ge=SPEED_RANGE[0], le=SPEED_RANGE[1])
     stream_format: Literal["audio", "sse"] | None = None
     # MOSS: the synth YAML's keys
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    max_new_tokens: int | None = Field(None, ge=1)
-    text_temperature: float | None = Field(None, ge=0)
+    max_new_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
+    text_temperature: float | None = Field(None, **TEMPERATURE)
     text_top_p: float | None = Field(None, gt=0, le=1)
-    text_top_k: int | None = Field(None, ge=0)
-    audio_temperature: float | None = Field(None, ge=0)
+    text_top_k: int | None = Field(None, ge=0, le=TOP_K_MAX)
+    audio_temperature: float | None = Field(None, **TEMPERATURE)
     audio_top_p: float | None = Field(None, gt=0, le=1)
-    audio_top_k: int | None = Field(None, ge=0)
-    audio_repetition_penalty: float | None = Field(None, gt=0)
+    audio_top_k: int | None = Field(None, ge=0, le=TOP_K_MAX)
+    audio_repetition_penalty: float | None = Field(None, **PENALTY)
 
     @property
     def voice_name(self) -> str:
@@ -56,21 +64,54 @@ class SpeechRequest(BaseModel):
         return {k: getattr(self, k) for k in SAMPLING_KEYS if getattr(self, k) is not None}
 
 
+EXAMPLE = '{"model": "moss-tts", "input": "Hello", "voice": "default"}'
+
+
+def parse_speech(raw: bytes) -> SpeechRequest:
+    """The request in RAW (the whole body), or the ApiError saying what to change."""
+    if not raw.strip():
+        raise ApiError(400, f"the body is empty; send a JSON object such as {EXAMPLE}",
+                       code="empty_body")  # fmt: skip
+    try:
+        return SpeechRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        errors = exc.errors()
+    if errors and "number out of range" in errors[0].get("msg", ""):
+        # a number too long for the JSON parser: parsed again to name the field it is in
+        try:
+            return SpeechRequest.model_validate(json.loads(raw, parse_int=_int))
+        except ValidationError as exc:
+            errors = exc.errors()
+        except (ValueError, RecursionError):
+            pass
+    raise validation_error(errors)
+
+
+def _int(text: str) -> int | float:
+    """A JSON integer; one of more than 40 digits as ±inf (no field takes it: it is named)."""
+    if len(text) <= 40:
+        return int(text)
+    return float("-inf") if text.startswith("-") else float("inf")
+
+
 def validation_error(errors: list[dict[str, Any]]) -> ApiError:
     """pydantic's first complaint as one message naming the field and what it takes."""
     if not errors:
         return ApiError(400, "the request is not valid", code="invalid_request")
     first = errors[0]
+    if len(errors) > 1 and first.get("loc", ())[:1] == errors[1].get("loc", ())[:1]:
+        # a union (voice: a name or {"id": NAME}): the complaint about the form it has
+        first = next((e for e in errors if not e.get("type", "").endswith("_type")), first)
     kind = first.get("type", "")
     loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path")]
     if kind == "json_invalid" or (loc and loc[0].isdigit()):
-        return ApiError(
-            400,
-            f"the body is not valid JSON ({first.get('msg', '')}); send a JSON object such "
-            'as {"model": "moss-tts", "input": "Hello", "voice": "default"}',
-            code="invalid_json",
-        )
-    field = ".".join(loc) or None
+        why = first.get("msg", "").removeprefix("Invalid JSON: ")
+        return ApiError(400, f"the body is not valid JSON in UTF-8 ({why}); send a JSON "
+                        f"object such as {EXAMPLE}", code="invalid_json")  # fmt: skip
+    if not loc:
+        return ApiError(400, f"the body must be a JSON object such as {EXAMPLE}",
+                        code="invalid_json")  # fmt: skip
+    field = ".".join(p for p in loc if p not in ("str", "constrained-str", "VoiceId")) or None
     param = loc[0] if loc else None  # the top-level field, as OpenAI names it
     if kind == "extra_forbidden":
         message = (

@@ -10,8 +10,23 @@ from ..errors import UsageError
 
 # OpenAI's limit on `input`; longer text is refused with 413 before it is queued
 MAX_INPUT_CHARS = 4096
+# `instructions` (OpenAI states no limit): as long as `input`
+MAX_INSTRUCTIONS_CHARS = 4096
+# model and voice names (a voice name is 64 characters at most; this bounds what is echoed)
+MAX_NAME_CHARS = 256
 # a reference clip larger than this is refused with 413 (minutes of 24 kHz audio)
 MAX_UPLOAD_BYTES = 25 * 1024 * 1024
+# a clip is probed from its header before it is decoded: its rate, length and channels
+CLIP_RATES = (8_000, 192_000)
+MAX_CLIP_SECONDS = 60.0
+MAX_CLIP_CHANNELS = 8
+# a voice's `text` (what the clip says)
+MAX_VOICE_TEXT_CHARS = 4096
+# a JSON body larger than this is refused with 413 before it is read: 4,096 characters of
+# input and of instructions at 12 bytes each (a JSON escape of a surrogate pair) fit
+MAX_BODY_BYTES = 256 * 1024
+# a voice upload: the clip plus its form fields
+MAX_FORM_BYTES = MAX_UPLOAD_BYTES + 64 * 1024
 # OpenAI's voice names: each speaks with the model's own voice (no reference)
 OPENAI_VOICES = frozenset(
     "alloy ash ballad coral echo fable onyx nova sage shimmer verse marin cedar".split()
@@ -30,6 +45,7 @@ class ServeSettings:
     voices: Path | None = None  # default: voices/ beside the config
     max_queue: int = 16  # requests waiting for a free sequence; more get 429
     max_batch: int = 4  # requests generated together, one KV sequence (n_ctx positions) each
+    stall_timeout: float = 300.0  # seconds without a step while requests run: unhealthy
 
     @property
     def voices_dir(self) -> Path:
@@ -45,6 +61,13 @@ class ServeSettings:
             raise UsageError(f"--max-queue must be 0 or more, got {self.max_queue}")
         if self.api_key is not None and not self.api_key.strip():
             raise UsageError("--api-key is empty", hint="pass the key clients will send")
+        if self.api_key is not None and self.api_key != self.api_key.strip():
+            # HTTP strips a header's outer whitespace: such a key could never be matched
+            raise UsageError("--api-key has spaces or tabs around it; no client could send "
+                             "it", hint="pass the key without them")  # fmt: skip
+        if not 1 <= self.stall_timeout <= 86400:
+            raise UsageError(f"--stall-timeout must be 1..86400 seconds, got "
+                             f"{self.stall_timeout:g}")  # fmt: skip
         if not is_loopback(self.host) and not self.api_key:
             raise UsageError(
                 f"--host {self.host} accepts connections from other machines",

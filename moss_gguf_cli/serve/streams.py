@@ -7,6 +7,9 @@ Streams carry `pcm` and `wav` (a WAV header whose sizes say "unknown", then the 
 The first chunk is awaited before the response starts, so a request that fails early gets its
 error status; the chunks after it are sent as the worker makes them. A client that leaves
 stops its job at the next generation step (counted in moss_gguf_streams_abandoned_total).
+A stream that cannot finish (the server stops, the generation fails) never looks complete:
+SSE ends with an `error` event and no `speech.audio.done`; raw audio loses its connection
+without the chunked terminator (StreamCut, caught by routes._Guard).
 """
 
 from __future__ import annotations
@@ -31,6 +34,19 @@ from .schemas import SpeechRequest
 log = logging.getLogger(__name__)
 
 STREAM_FORMATS = ("pcm", "wav")
+
+
+class StreamCut(Exception):
+    """A started stream failed: its connection is dropped, so it cannot look complete."""
+
+    def __init__(self, error: ApiError):
+        super().__init__(error.message)
+        self.error = error
+
+
+# where a cut stream is noted in its ASGI scope: the layers between the stream and the server
+# may still send the body's clean end, which routes._Guard then refuses to pass on
+CUT = "moss_gguf.stream_cut"
 
 
 def wants_stream(body: SpeechRequest) -> bool:
@@ -60,9 +76,9 @@ async def stream_speech(
     except BaseException:
         stream.close()
         raise
-    chunks = _chunks(first, stream, abandoned)
+    chunks = _chunks(first, stream, abandoned, request.scope)
     if body.stream_format == "sse":
-        return StreamingResponse(_sse(chunks, body.response_format, rate, stream),
+        return StreamingResponse(_sse(chunks, body.response_format, rate, stream, request.scope),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})  # fmt: skip
     return StreamingResponse(_audio(chunks, body.response_format, rate),
@@ -99,7 +115,9 @@ async def _disconnected(request: Request) -> None:
 
 
 
-async def _chunks(first: np.ndarray, stream: SpeechStream, abandoned) -> AsyncIterator[bytes]:
+async def _chunks(
+    first: np.ndarray, stream: SpeechStream, abandoned, scope: dict
+) -> AsyncIterator[bytes]:
     """16-bit PCM bytes of each chunk; stops the job if the response is dropped midway."""
     try:
         yield pcm16(first)
@@ -107,6 +125,8 @@ async def _chunks(first: np.ndarray, stream: SpeechStream, abandoned) -> AsyncIt
             yield pcm16(chunk)
     except ApiError as exc:  # the headers are out: the stream can only end early
         log.warning("a streamed request failed after its first chunk: %s", exc.message)
+        scope[CUT] = cut = StreamCut(exc)
+        raise cut from None
     finally:
         if not stream.done:  # the client went away (the response was cancelled)
             stream.close()
@@ -122,13 +142,19 @@ async def _audio(chunks: AsyncIterator[bytes], fmt: str, rate: int) -> AsyncIter
 
 
 async def _sse(
-    chunks: AsyncIterator[bytes], fmt: str, rate: int, stream: SpeechStream
+    chunks: AsyncIterator[bytes], fmt: str, rate: int, stream: SpeechStream, scope: dict
 ) -> AsyncIterator[bytes]:
     header = wav_header(rate) if fmt == "wav" else b""
-    async for data in chunks:
-        yield _event({"type": "speech.audio.delta",
-                      "audio": base64.b64encode(header + data).decode()})  # fmt: skip
-        header = b""
+    try:
+        async for data in chunks:
+            yield _event({"type": "speech.audio.delta",
+                          "audio": base64.b64encode(header + data).decode()})  # fmt: skip
+            header = b""
+    except StreamCut as cut:  # the event stream itself can say it (OpenAI's error event)
+        scope.pop(CUT, None)  # said in the stream: it may end cleanly
+        # the error object a response would carry, under an event of type "error"
+        yield _event({"type": "error", **cut.error.body()})
+        return
     if stream.profile is not None:
         used, made = stream.profile.prompt_rows, stream.profile.steps
         yield _event({"type": "speech.audio.done", "usage": {

@@ -8,10 +8,11 @@ Utterances join (prefill into a free sequence) and leave (their sequence cleared
 steps. A step: the delay machines choose the text ids, the audio heads run for every row that
 samples codes in one matrix product, each utterance takes its row (`on_row`; its progress
 reporter may stop it: a client gone), then the rows of those going on are summed into
-embeddings and decoded in one llama_batch (Backbone.step_many). With max_batch 1 this is the
-single-utterance loop of `synth`, bit for bit. With more, every product is max_batch rows
-wide whoever is being served (backbone.py, heads.py say why), so an utterance's greedy audio
-does not depend on the others.
+embeddings and decoded in one llama_batch (Backbone.step_many). Failure is per row
+(docs/ARCHITECTURE.md §10): a step never raises; whoever failed ends with `error` set.
+With max_batch 1 this is the single-utterance loop of `synth`, bit for bit. With more,
+every product is max_batch rows wide whoever is being served (backbone.py, heads.py say
+why), so an utterance's greedy audio does not depend on the others.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..hold_points import fail
 from ..progress import ProgressReporter
 from .backbone import Backbone
 from .codec import FRAME_SAMPLES, SAMPLE_RATE
@@ -108,6 +110,9 @@ class Engine:
         self.width = max_batch
         self.free = list(range(max_batch))
         self.active: list[Utterance] = []
+        # monotonic time of the last finished step or prefill: a watchdog tells a long step
+        # from a wedged engine by it (serve/scheduler.py, /health)
+        self.last_progress = time.monotonic()
 
     def join(self, u: Utterance) -> None:
         """Prefill U's prompt into a free sequence; it takes part from the next step."""
@@ -123,6 +128,7 @@ class Engine:
                 self.embeddings.sum_rows(u.run.prompt.rows), seq=u.seq
             )
             profile.prefill_s = time.perf_counter() - t0
+            self.last_progress = time.monotonic()
             u.hidden, u.logits = hidden.copy(), logits.copy()
         except BaseException:
             self._release(u)
@@ -140,7 +146,11 @@ class Engine:
 
     def step(self) -> list[Utterance]:
         """Every active utterance one row further; the utterances that ended in this step
-        (finished, stopped by their progress reporter, or failed: see `error`)."""
+        (finished, stopped by their progress reporter, or failed: see `error`).
+
+        Never raises for a failure: one utterance's own (its sampler, its `on_row`) ends that
+        utterance alone; one of the shared work (the audio heads, the backbone decode) ends
+        the utterances it was for, their sequences cleared, and the engine stays usable."""
         if not self.active:
             return []
         clock = time.perf_counter
@@ -152,65 +162,93 @@ class Engine:
             u.count += 1
             u.run.profile.heads_s += t_heads
             u.run.profile.sampling_s += t1 - t0 - t_heads
-            try:
-                u.on_row(row)
-                if plan.audio_start == 0 and plan.audio_stop > 0:
-                    u.frames += 1  # codebook 0 sampled: a new frame begins
-                seconds = u.frames * FRAME_SAMPLES / SAMPLE_RATE
-                u.progress.advance("synth", 1, description=f"generating: {u.frames} frames, "
-                                   f"{seconds:.2f} s of audio")  # fmt: skip
-            except BaseException as exc:  # noqa: BLE001 - the utterance's own failure
-                u.error = exc
+            if u.error is None:
+                self._take(u, row, plan)
             done = u.error is not None or u.machine.done or u.count == u.run.steps_allowed
             (ended if done else going).append((u, row))
         self.active = [u for u, _ in going]
         for u, _ in ended:
             self._end(u)
-        if going:
-            self._decode(going)
-        return [u for u, _ in ended]
+        failed = self._decode(going) if going else []
+        self.last_progress = time.monotonic()
+        return [u for u, _ in ended] + failed
 
     # -- inside
 
-    def _rows(self, batch: list[Utterance]) -> tuple[list[np.ndarray], list[StepPlan], float]:
-        """Each utterance's row of this step; the heads' time."""
-        plans = [u.machine.plan() for u in batch]
-        texts = [
-            u.machine.choose_text(u.logits, u.run.sampler, p)
-            for u, p in zip(batch, plans, strict=True)
-        ]
-        sampling = [i for i, p in enumerate(plans) if p.needs_audio]
+    def _take(self, u: Utterance, row: np.ndarray, plan: StepPlan) -> None:
+        """U takes its row; a failure (its client gone, its consumer broken) is U's alone."""
+        try:
+            fail("row")  # a test's injected failure of one utterance
+            u.on_row(row)
+            if plan.audio_start == 0 and plan.audio_stop > 0:
+                u.frames += 1  # codebook 0 sampled: a new frame begins
+            seconds = u.frames * FRAME_SAMPLES / SAMPLE_RATE
+            u.progress.advance("synth", 1, description=f"generating: {u.frames} frames, "
+                               f"{seconds:.2f} s of audio")  # fmt: skip
+        except BaseException as exc:  # noqa: BLE001 - the utterance's own failure
+            u.error = exc
+
+    def _rows(self, batch: list[Utterance]) -> tuple[list, list, float]:
+        """Each utterance's row of this step (None where it failed: `error` set); the heads'
+        time. A sampler's failure is its utterance's; the heads' fails those that needed them."""
+        plans: list[StepPlan | None] = []
+        texts: list[int | None] = []
+        for u in batch:
+            try:
+                plan = u.machine.plan()
+                text = u.machine.choose_text(u.logits, u.run.sampler, plan)
+            except Exception as exc:  # noqa: BLE001 - this utterance's own failure
+                u.error, plan, text = exc, None, None
+            plans.append(plan)
+            texts.append(text)
+        sampling = [i for i, p in enumerate(plans) if p is not None and p.needs_audio]
         t0 = time.perf_counter()
+        logits = None
         if sampling:
-            hidden = np.stack([batch[i].hidden for i in sampling])
-            logits = self.heads.logits_rows(hidden, self.width)
+            try:
+                hidden = np.stack([batch[i].hidden for i in sampling])
+                logits = self.heads.logits_rows(hidden, self.width)
+            except Exception as exc:  # noqa: BLE001 - shared: every row that needed them
+                for i in sampling:
+                    batch[i].error = exc
         t_heads = time.perf_counter() - t0
-        rows = []
+        rows: list[np.ndarray | None] = []
         for i, (u, plan, text) in enumerate(zip(batch, plans, texts, strict=True)):
-            codes = None
-            if plan.needs_audio:
-                audio = logits[sampling.index(i)][plan.audio_start : plan.audio_stop]
-                codes = u.machine.choose_audio(audio, u.run.sampler, plan)
-            rows.append(u.machine.advance(text, codes, plan))
+            if u.error is not None:
+                rows.append(None)
+                continue
+            try:
+                codes = None
+                if plan.needs_audio:
+                    audio = logits[sampling.index(i)][plan.audio_start : plan.audio_stop]
+                    codes = u.machine.choose_audio(audio, u.run.sampler, plan)
+                rows.append(u.machine.advance(text, codes, plan))
+            except Exception as exc:  # noqa: BLE001 - this utterance's own failure
+                u.error = exc
+                rows.append(None)
         return rows, plans, t_heads
 
-    def _decode(self, going: list[tuple[Utterance, np.ndarray]]) -> None:
+    def _decode(self, going: list[tuple[Utterance, np.ndarray]]) -> list[Utterance]:
+        """The going rows decoded into their next hidden states; if the shared decode fails,
+        every utterance of the batch ends with its error (returned), sequences cleared."""
         t0 = time.perf_counter()
-        embeds = np.empty((len(going), self.embeddings.hidden), dtype=np.float32)
-        for i, (_u, row) in enumerate(going):
-            self.embeddings.sum_row(row, embeds[i])
-        t1 = time.perf_counter()
         try:
+            embeds = np.empty((len(going), self.embeddings.hidden), dtype=np.float32)
+            for i, (_u, row) in enumerate(going):
+                self.embeddings.sum_row(row, embeds[i])
+            t1 = time.perf_counter()
+            fail("decode")  # a test's injected failure of the shared decode
             hidden, logits = self.backbone.step_many(embeds, [u.seq for u, _ in going])
-        except BaseException as exc:  # every utterance of the batch fails with it
+        except Exception as exc:  # noqa: BLE001 - every utterance of the batch fails with it
             for u, _ in going:
                 self.leave(u, exc)
-            raise
+            return [u for u, _ in going]
         t2 = time.perf_counter()
         for i, (u, _row) in enumerate(going):
             u.hidden, u.logits = hidden[i].copy(), logits[i].copy()
             u.run.profile.embed_s += t1 - t0
             u.run.profile.backbone_s += t2 - t1
+        return []
 
     def _end(self, u: Utterance) -> None:
         u.finished = True

@@ -4,7 +4,8 @@ Order of operations, per row of logits:
 
 1. repetition penalty (Hugging Face convention) on the tokens already seen in that
    row's history: a positive logit is divided by the penalty, a negative one multiplied;
-2. temperature <= 0 means greedy: argmax, no random draw;
+2. temperature below GREEDY_BELOW (1e-5, vLLM's epsilon) means greedy: argmax, no random
+   draw (a smaller one would only overflow the division that follows);
 3. logits / temperature;
 4. top-k (0 = off) keeps the k largest, chosen with argpartition (no full sort);
 5. top-p (1.0 = off) keeps, in decreasing probability, every token whose preceding
@@ -21,7 +22,28 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import NumericError
+from ..errors import InputError, NumericError
+
+# the ranges a request may ask for (the server refuses others, docs/serve-limits.md): within
+# them, finite logits stay finite through the penalty and the temperature
+GREEDY_BELOW = 1e-5  # a temperature under this is greedy (vLLM's _SAMPLING_EPS)
+TEMPERATURE_MAX = 10.0
+PENALTY_RANGE = (0.01, 10.0)
+TOP_K_MAX = 1 << 20  # beyond any vocabulary: the same as 0 (off)
+
+
+class SamplingError(InputError):
+    """The sampling settings left no finite logit to sample (what the request asked for).
+    `setting` names the setting: "temperature" or "repetition_penalty"."""
+
+    def __init__(self, setting: str, value: float):
+        super().__init__(f"{setting} {value!r} leaves no finite logit to sample from",
+                         hint=f"choose a {setting} inside the documented range")  # fmt: skip
+        self.setting, self.value = setting, value
+
+    def named(self, prefix: str) -> SamplingError:
+        """The same error naming the setting as the config does (text_…, audio_…)."""
+        return SamplingError(prefix + self.setting, self.value)
 
 
 @dataclass(frozen=True)
@@ -33,7 +55,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0
+        return not self.temperature >= GREEDY_BELOW  # NaN too: never divide by it
 
 
 def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> None:
@@ -41,7 +63,8 @@ def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: floa
     if penalty == 1.0:
         return
     picked = logits[seen]
-    logits[seen] = np.where(picked > 0, picked / penalty, picked * penalty)
+    with np.errstate(over="ignore", under="ignore"):  # checked by the caller, not warned
+        logits[seen] = np.where(picked > 0, picked / penalty, picked * penalty)
 
 
 def _candidates(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
@@ -59,9 +82,12 @@ def _candidates(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray,
     values = np.take_along_axis(logits, ids, axis=1).astype(np.float64)
     order = np.argsort(-values, axis=1, kind="stable")
     ids = np.take_along_axis(ids, order, axis=1)
-    values = np.take_along_axis(values, order, axis=1) / params.temperature
+    with np.errstate(over="ignore"):  # an overflow is checked just below
+        values = np.take_along_axis(values, order, axis=1) / params.temperature
     top = values[:, :1]
     if not np.all(np.isfinite(top)):
+        if np.all(np.isfinite(logits).any(axis=1)):  # finite before the division
+            raise SamplingError("temperature", params.temperature)
         raise NumericError(
             "every candidate logit is -inf or NaN", hint="the backbone output is broken"
         )
@@ -93,8 +119,11 @@ def sample_rows(
 
     The logits are modified in place (penalty); pass a copy to keep them.
     """
-    if seen is not None:
+    if seen is not None and params.repetition_penalty != 1.0:
+        finite = np.isfinite(logits).any(axis=1)
         apply_repetition_penalty(logits, seen, params.repetition_penalty)
+        if not np.array_equal(np.isfinite(logits).any(axis=1), finite):
+            raise SamplingError("repetition_penalty", params.repetition_penalty)
     if params.greedy:
         return np.argmax(logits, axis=1)
     ids, probs = _candidates(logits, params)
@@ -124,7 +153,13 @@ class Sampler:
         self.rng = np.random.default_rng(seed)
 
     def text(self, logits: np.ndarray) -> int:
-        return sample_token(logits, self.text_params, self.rng)
+        try:
+            return sample_token(logits, self.text_params, self.rng)
+        except SamplingError as exc:
+            raise exc.named("text_") from None
 
     def audio(self, logits: np.ndarray, seen: np.ndarray | None = None) -> np.ndarray:
-        return sample_rows(logits, self.audio_params, self.rng, seen)
+        try:
+            return sample_rows(logits, self.audio_params, self.rng, seen)
+        except SamplingError as exc:
+            raise exc.named("audio_") from None

@@ -301,10 +301,7 @@ class Synthesizer:
         profile.prompt_rows, profile.reference_frames = rows_in, prompt.reference_frames
         assert self.backbone is not None
         if rows_in >= self.backbone.n_ctx:
-            raise InputError(
-                f"the prompt is {rows_in} rows but n_ctx is {self.backbone.n_ctx}",
-                hint="raise n_ctx in the config, or shorten the text / reference",
-            )
+            raise PromptTooLong(rows_in, self.backbone.n_ctx)
         self.embeddings.check_ids(prompt.rows)
         return prompt
 
@@ -379,8 +376,21 @@ class Synthesizer:
         return waveform
 
 
+class PromptTooLong(InputError):
+    """The prompt (text, instruction, reference voice) does not fit the context (n_ctx)."""
+
+    def __init__(self, rows: int, n_ctx: int):
+        super().__init__(f"the prompt is {rows} rows but n_ctx is {n_ctx}",
+                         hint="raise n_ctx in the config, or shorten the text / reference")
+        self.rows, self.n_ctx = rows, n_ctx
+
+
+class NoFrames(OutputError):
+    """The utterance's steps held no complete audio frame (too few steps, or no audio)."""
+
+
 def _no_frames(profile: SynthProfile) -> OutputError:
-    return OutputError(
+    return NoFrames(
         f"the model produced no complete audio frame in {profile.steps} steps",
         hint="raise --max-new-tokens or try another --seed",
     )
