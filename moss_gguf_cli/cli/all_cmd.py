@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ..disk.staging import human_bytes
 from ..errors import UsageError
-from ..gguf.delay import FORMAT
+from ..gguf.first_class import FORMAT
 from ..pipeline.dual import run_both
 from ..pipeline.first_class import FirstClassFolder, parse_formats, run_first_class
 from ..pipeline.recipes import Recipe, load_recipe

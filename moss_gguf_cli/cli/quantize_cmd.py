@@ -12,8 +12,9 @@ from rich.table import Table
 from ..disk.staging import human_bytes
 from ..doctor import preflight, quantize_bytes
 from ..errors import UsageError
+from ..gguf.file_types import parse_file_type
 from ..quantize.engines import Engine
-from ..quantize.llama import QuantizeSettings, parse_file_type, plan_quantize, quantize
+from ..quantize.llama import QuantizeSettings, plan_quantize, quantize
 from ._command import command
 from ._options import Force, LlamaCppDir, Quiet, Verbose
 from ._output import OutputMode, info, progress_for, setup_logging, stderr

@@ -14,7 +14,8 @@ from typing import Any
 from ..disk.staging import human_bytes
 from ..errors import OutputError, ToolError
 from ..native import llama_tools as lc
-from ..quantize.engines import Engine, checked_as
+from ..quantize.engines import Engine, checked_as, direct_unavailable
+from ..quantize.llama import APPROX_BPW
 from ..report import FAIL, PASS, WARN, CheckRow
 from .engines import resolve_engine
 from .environment import REAL_MODEL_REPO, model_cached
@@ -69,8 +70,6 @@ def model_plan(
 ) -> DiskPlan:
     """Bytes of each part `all` writes for a MOSS model of these dims (see REAL_MODEL);
     direct: quantized straight from the checkpoint, with no f16 GGUF between."""
-    from ..quantize.llama import APPROX_BPW  # the bits per weight `all` plans its own disk with
-
     h, f, d = dims["hidden"], dims["intermediate"], dims["head_dim"]
     q, kv = dims["heads"] * d, dims["kv_heads"] * d
     per_layer = h * q + 2 * h * kv + q * h + 3 * h * f + 2 * h + 2 * d
@@ -92,8 +91,6 @@ def real_model_plan(
     """What `all --model OpenMOSS-Team/MOSS-TTS` needs, from the dims of docs/ARCHITECTURE.md §1;
     direct None: with the engine `all` would pick here (direct where it runs)."""
     if direct is None:
-        from ..quantize.engines import direct_unavailable
-
         direct = direct_unavailable() is None
     return model_plan(REAL_MODEL, quants, direct)
 
@@ -222,7 +219,5 @@ def preflight(
 
 def quantize_bytes(n_elements: int, file_types: list[str]) -> int:
     """Rough output bytes of quantizing n_elements weights to each type (for pre-flight)."""
-    from ..quantize.llama import APPROX_BPW
-
     margin = 16 << 20  # header and vocabulary: ~7 MB for the real 155k-token one
     return int(sum(n_elements * APPROX_BPW.get(t.upper(), 16) / 8 for t in file_types)) + margin

@@ -29,7 +29,10 @@ from ..errors import MossGgufError
 from ..native import libllama
 from ..native import llama_tools as lc
 from ..native.cpu_features import REINSTALL_HINT
+from ..quantize.engines import Engine
+from ..quantize.llama import quantize
 from ..report import FAIL, PASS, WARN
+from ..source.tiny import cache_root
 from .environment import cpu_id, cpu_info, dist_version, one_line
 
 log = logging.getLogger(__name__)
@@ -117,8 +120,6 @@ def probe_key() -> dict[str, Any] | None:
 
 def probe_cache_path(key: dict[str, Any]) -> Path:
     """Where the probe result of this build is kept, under the moss-gguf cache."""
-    from ..source.tiny import cache_root
-
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     return cache_root() / "doctor" / f"llama-runtime-{digest}.json"
 
@@ -515,8 +516,6 @@ def probe_child_main(workdir: str | Path) -> int:
             llama_cpp.llama_backend_init()
         except Exception as exc:  # noqa: BLE001 - a broken install raises anything
             return finish({"ok": False, "kind": "missing", "error": one_line(exc)}, 5)
-        from ..quantize.engines import Engine
-        from ..quantize.llama import quantize
 
         current = "writing the f16 probe GGUF"
         stage(current)

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from ..disk.staging import check_target
 from ..errors import OutputError
-from ..gguf.delay import FORMAT, parse_audio_tables_type
+from ..gguf.file_types import parse_file_type
+from ..gguf.first_class import FORMAT, parse_audio_tables_type
 from ..progress import ProgressReporter, ensure
 from ..quantize.engines import Companion
 from .first_class import (
@@ -73,8 +74,6 @@ def prepare_handoff(
 ) -> Companion | None:
     """What the backend pass should also write (None: nothing): the first-class folder
     complete already (made from these inputs, or refused), or GGUFs it cannot take."""
-    from ..quantize.llama import parse_file_type
-
     quants = [parse_file_type(q) for q in sub.quants] or ["Q4_K_M"]
     names = gguf_names(quants)
     made_from = first_class_made_from(sub, model)

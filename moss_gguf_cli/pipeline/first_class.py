@@ -1,6 +1,6 @@
 """Writing the first-class `moss-tts-delay` format: `convert --format` and `all --format`.
 
-A first-class folder holds the GGUF(s) of gguf/delay.py, the tokenizer, the ONNX audio
+A first-class folder holds the GGUF(s) of gguf/first_class.py, the tokenizer, the ONNX audio
 tokenizer, `manifest.json` and a README.md with the commands that run it with OpenMOSS's
 llama.cpp fork. Quantized files come from the direct engine (quantize/direct.py): one read of
 the checkpoint for every type, and the f16/bf16 file itself when it is asked for too.
@@ -24,12 +24,17 @@ from ..disk.layout_names import MANIFEST_NAME, TOKENIZER_DIR
 from ..disk.page_cache import SourcePages
 from ..disk.staging import Staging, check_free_space, staged_file
 from ..errors import UsageError
-from ..gguf.delay import FORMAT, parse_audio_tables_type, plan_delay
+from ..gguf.file_types import parse_file_type
+from ..gguf.first_class import FORMAT, parse_audio_tables_type
+from ..gguf.first_class_read import check_first_class
 from ..gguf.write import OutType, write_gguf
 from ..progress import ProgressReporter, ensure
+from ..quantize.llama import QuantizeSettings
 from ..source.audio_tokenizer import AudioTokenizer
 from ..source.audio_tokenizer import default_source as default_codec
-from ..source.checkpoint import TOKENIZER_FILES
+from ..source.audio_tokenizer import resolve as resolve_codec
+from ..source.checkpoint import TOKENIZER_FILES, open_checkpoint, resolve_model
+from ..source.first_class import plan_first_class
 from .layout import audio_tokenizer_files, gguf_file_type
 from .made_from import MadeFrom, manifest_made_from, refuse_other, source_identity
 
@@ -78,7 +83,7 @@ def convert_first_class(
     """The checkpoint as one moss-tts-delay GGUF in f16/bf16/f32/q8_0, as the fork's
     convert_hf_to_gguf.py writes it."""
     started = time.perf_counter()
-    plan = plan_delay(Path(model), outtype)
+    plan = plan_first_class(Path(model), outtype)
     with staged_file(Path(outfile), force=force) as tmp:
         check_free_space(tmp.parent, plan.tensor_bytes + (64 << 20), Path(outfile))
         size = write_gguf(tmp, plan, progress, pages)
@@ -154,9 +159,6 @@ def _write_ggufs(
 ) -> list[str]:
     """Every requested type into folder: the quantized ones from one read by the direct
     engine, which also writes the f16/bf16 file when that is asked for."""
-    from ..quantize.direct import quantize_checkpoint
-    from ..quantize.llama import QuantizeSettings
-
     quantized = [(folder / n, q) for n, q in zip(gguf_names(quants), quants, strict=True)
                  if q not in FLOAT_TYPES]  # fmt: skip
     wants_float = len(quantized) < len(quants)
@@ -164,6 +166,9 @@ def _write_ggufs(
         kind = outtype if outtype != "auto" else "f16"
         convert_first_class(model, folder / f"{STEM}_{kind}.gguf", kind, True, bar)
         return []
+    # lazy: quantize.direct loads ml_dtypes (half a second): only a run that quantizes pays it
+    from ..quantize.direct import quantize_checkpoint
+
     done = quantize_checkpoint(
         Path(model), quantized, outtype, QuantizeSettings(threads=threads), None, folder,
         keep_intermediate=wants_float, force=True, progress=bar, first_class=True,
@@ -281,11 +286,6 @@ def run_first_class(
     found complete: a rerun only checks it), every GGUF in it checked. ``audio_tables``:
     --audio-tables-type (f16, bf16 or q8_0 tables in the quantized files); ``handoff``: a
     folder that may hold the GGUFs already (pipeline/dual.py)."""
-    from ..gguf.delay_read import check_first_class
-    from ..quantize.llama import parse_file_type
-    from ..source.audio_tokenizer import resolve as resolve_codec
-    from ..source.checkpoint import open_checkpoint, resolve_model
-
     bar = ensure(progress)
     output = Path(settings.output)
     quants = [parse_file_type(q) for q in settings.quants] or ["Q4_K_M"]

@@ -2,7 +2,7 @@
 
 The model is a first-class file, a folder holding one (as `all --format moss-tts-delay` writes
 it) or a Hub repo holding one (listed, downloaded and checked by source/hub.py). The file is
-checked (gguf/delay_read.check_first_class: one line naming it when it is broken), then taken
+checked (gguf/first_class_read.check_first_class: one line naming it when it is broken), then taken
 apart into a work folder: the backbone tensors' bytes as they are under a qwen3 header (the keys
 `convert` writes, the tokenizer keys read from the tokenizer folder beside it), the 2 + 2 x n_vq
 tables as f16 .npy (exact for F16, rounded for BF16/F32, dequantized for a quantized type; the
@@ -23,8 +23,9 @@ import numpy as np
 from .. import __version__
 from ..disk.layout_names import EMBEDDING_DIR, LM_HEAD_DIR, META_NAME, TOKENIZER_DIR
 from ..errors import InputError, UsageError
-from ..gguf.delay import ARCH_NAME, AUDIO_EMBD
-from ..gguf.delay_read import (
+from ..gguf.file_types import file_types, parse_file_type
+from ..gguf.first_class import ARCH_NAME, AUDIO_EMBD
+from ..gguf.first_class_read import (
     EXACT_TYPES,
     FirstClassFacts,
     backbone_plan,
@@ -37,7 +38,7 @@ from ..gguf.read import GgufFormatError, read_gguf
 from ..gguf.vocab import read_vocab
 from ..gguf.write import Qwen3Params
 from ..progress import ProgressReporter, ensure
-from ..source.checkpoint import TOKENIZER_FILES
+from ..source.checkpoint import TOKENIZER_FILES, variant_name
 from ..source.hub import check_files, download, is_repo_id, list_files
 from ..source.preconverted import file_type_of, gguf_language_config
 from .layout import Placement
@@ -79,8 +80,6 @@ def is_first_class(path: Path) -> bool:
 def _choose(model: str, ggufs: list[str], quants: list[str]) -> str:
     """The one GGUF of the model the run reads: the --quant type its name says; with the
     default --quant (Q4_K_M) and one file, that file, whatever its type."""
-    from ..quantize.llama import file_types, parse_file_type
-
     if len(quants) > 1:
         raise UsageError(
             f"{model} is one first-class GGUF per type; pass one --quant",
@@ -214,7 +213,9 @@ def unpack(fc: FirstClassInput, output: Path, progress: ProgressReporter | None 
         params = Qwen3Params.from_config(lang, fc.gguf)
         vocab = read_vocab(fc.tokenizer, lang, params.vocab)
         name = backbone_name(facts)
-        write_backbone(backbone_plan(facts, params, vocab), work / name)
+        # convert's general.name: '<variant> backbone'
+        title = f"{variant_name({'n_vq': facts.n_vq})} backbone"
+        write_backbone(backbone_plan(facts, params, vocab, title), work / name)
         types = _write_tables(facts, work, bar)
         meta = first_class_meta(fc, facts, lang, types)
         (work / META_NAME).write_text(json.dumps(meta, indent=2) + "\n")

@@ -27,10 +27,12 @@ import numpy as np
 from ..disk.digests import HashRecord
 from ..disk.layout_names import AUDIO_TOKENIZER_DIR, CONFIG_NAME, MANIFEST_NAME, META_NAME
 from ..disk.staging import human_bytes
+from ..doctor import preflight
 from ..errors import InputError, OutputError, UsageError
+from ..gguf.file_types import parse_file_type
 from ..progress import ProgressReporter, ensure
 from ..quantize.engines import Companion, Quantizer, choose_engine, parse_engine
-from ..quantize.llama import APPROX_BPW
+from ..quantize.llama import APPROX_BPW, LlamaQuantizer, output_name
 from ..source.audio_tokenizer import AudioTokenizer
 from ..source.audio_tokenizer import default_source as default_codec
 from ..source.audio_tokenizer import resolve as resolve_codec
@@ -162,8 +164,8 @@ def _resolve(
     model fetched and its checkpoint opened (once: every step takes it from the context), the
     engine chosen, what the output and the work folder already hold, the disk. Up front, so
     that a run that cannot finish stops before its long work."""
+    # lazy: quantize.direct loads ml_dtypes (half a second): only a run that quantizes pays it
     from ..quantize.direct import DirectQuantizer
-    from ..quantize.llama import LlamaQuantizer, output_name
 
     output = Path(settings.output)
     quants = _check_settings(settings)
@@ -256,8 +258,6 @@ def locate_model(model: str, revision: str | None, cache_dir: Path | None) -> No
 
 def _check_settings(settings: AllSettings) -> list[str]:
     """What a run refuses before it looks at anything; the canonical quant type names."""
-    from ..quantize.llama import parse_file_type
-
     quants = [parse_file_type(q) for q in settings.quants] or ["Q4_K_M"]
     if settings.outtype not in ("auto", "f16", "bf16"):
         raise UsageError(f"unknown --outtype {settings.outtype!r}", hint="use auto, f16 or bf16")
@@ -270,8 +270,6 @@ def _check_settings(settings: AllSettings) -> list[str]:
 def _preflight_tools(settings: AllSettings) -> None:
     """doctor's pre-flight before any download: an engine, and a llama.cpp that runs here
     (its probe is cached per installed build); the disk follows with the plan's count."""
-    from ..doctor import preflight
-
     preflight(
         needs_quantize=True,
         needs_runtime=True,
@@ -316,8 +314,6 @@ def _preflight_disk(
     checkpoint: MossCheckpoint, settings: AllSettings, output: Path, direct: bool
 ) -> None:
     """The disk of the output's folder holds the whole plan (before anything is written)."""
-    from ..doctor import preflight
-
     needed = plan_bytes(checkpoint, settings, direct)
     preflight(
         needs_quantize=False,

@@ -26,6 +26,8 @@ from ..disk.layout_names import BACKBONE_DIR, EMBEDDING_DIR, LM_HEAD_DIR, MANIFE
 from ..disk.page_cache import SourcePages
 from ..disk.staging import human_bytes, remove_stale_partials
 from ..errors import MossGgufError, NumericError
+from ..gguf.file_types import file_types
+from ..gguf.read import inspect_gguf
 from ..hold_points import hold
 from ..progress import ProgressReporter
 from ..quantize.engines import Companion, Engine, QuantizeRequest
@@ -386,7 +388,8 @@ def verify_folder(
 ) -> tuple[object, str]:
     """verify's fast checks of a finished folder, taking what RECORD says the run's writers
     hashed and checked; raises on a failing row. (report, detail)"""
-    from ..verify import CODEC_ROW, verify  # an import error fails the step, never "done"
+    # lazy: an import error of verify/ fails this step, never reads as "done"
+    from ..verify import CODEC_ROW, verify
 
     report = verify(output, progress=progress, record=record)
     silent = json.loads((output / MANIFEST_NAME).read_text()).get("audio_tokenizer", "?") is None
@@ -424,8 +427,6 @@ def _extract_complete(folder: Path) -> bool:
 
 def _gguf_complete(path: Path, file_type: str | None = None) -> bool:
     """A GGUF whose data is all there (and of FILE_TYPE, when given)."""
-    from ..quantize.llama import inspect_gguf
-
     if not path.is_file():
         return False
     try:
@@ -435,8 +436,6 @@ def _gguf_complete(path: Path, file_type: str | None = None) -> bool:
     if info.size < info.data_end:
         return False
     if file_type is not None:
-        from ..quantize.llama import file_types
-
         return info.file_type == file_types().get(file_type)
     return True
 

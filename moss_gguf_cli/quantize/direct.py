@@ -35,7 +35,8 @@ from ..disk.digests import HashRecord
 from ..disk.page_cache import SourcePages
 from ..disk.sinks import appender
 from ..disk.staging import staged_file
-from ..errors import InputError, ToolError, UsageError
+from ..errors import InputError, NumericError, ToolError, UsageError
+from ..gguf.file_types import file_types
 from ..gguf.imatrix import OVERRIDE_STR_BYTES, ImatrixData, imatrix_kvs, load_imatrix
 from ..gguf.stream import (
     CHUNK_BYTES,
@@ -45,12 +46,14 @@ from ..gguf.stream import (
     convert_rows,
     produce_chunks,
 )
-from ..gguf.write import GGUFPlan, write_header
+from ..gguf.write import GGUFPlan, OutType, plan_backbone_tensors, write_header
 from ..hold_points import hold
 from ..native import libggml
 from ..native import llama_tools as lc
 from ..progress import ProgressReporter, ensure
+from ..source.backbone import open_backbone, plan_native
 from ..source.checkpoint import MossCheckpoint
+from ..source.first_class import plan_first_class
 from .engines import (
     Choice,
     Companion,
@@ -63,7 +66,6 @@ from .engines import (
 from .llama import (
     QuantizeJob,
     QuantizeSettings,
-    file_types,
     library_quantize,
     quantize_command,
 )
@@ -630,13 +632,10 @@ def quantize_checkpoint(
 
     ``outtype`` auto rounds through f16 unless a tensor overflows it, then through bf16,
     as `all`'s two-pass path chooses its intermediate. ``first_class``: the whole model as
-    one moss-tts-delay GGUF (gguf/delay.py) instead of the backbone alone, its audio tables
+    one moss-tts-delay GGUF (gguf/first_class.py) instead of the backbone alone, its audio tables
     in ``audio_tables`` (f16, bf16, q8_0) if given. ``also``: the first-class GGUFs too, from
     the same read (join_plans); their results follow the backbone's.
     """
-    from ..errors import NumericError
-    from ..gguf.write import OutType
-
     plan_source = _source_planner(model, first_class, audio_tables)
     stem = _DELAY_STEM if first_class else "backbone"
     notes: list[str] = []
@@ -663,8 +662,6 @@ def _companion_plan(
     model, also: Companion, kind: str, settings: QuantizeSettings, scratch_dir: Path
 ) -> DirectPlan:
     """The first-class family's plan, rounded through the same intermediate type."""
-    from ..gguf.write import OutType
-
     root = model.root if isinstance(model, MossCheckpoint) else Path(model)
     source = _source_planner(root, True, also.audio_tables)(OutType.parse(kind))
     kept = also.keep / f"{_DELAY_STEM}_{kind}.gguf" if also.keep is not None else None
@@ -693,16 +690,11 @@ class DirectQuantizer:
 def _source_planner(model, first_class: bool, audio_tables: str | None = None):
     """out type -> the plan of the GGUF the outputs are quantized from."""
     if first_class:
-        from ..gguf.delay import plan_delay
-
-        return lambda out_type: plan_delay(model, out_type, audio_tables)
-    from ..gguf.write import plan_tensors
-    from ..source.backbone import open_backbone, plan_native
-
+        return lambda out_type: plan_first_class(model, out_type, audio_tables)
     backbone = open_backbone(model)
 
     def plan(out_type):
-        tensors = plan_tensors(backbone.params, backbone.tensors, out_type, backbone.root)
+        tensors = plan_backbone_tensors(backbone.params, backbone.tensors, out_type, backbone.root)
         return plan_native(backbone, out_type, tensors)
 
     return plan

@@ -17,9 +17,9 @@ What lives here:
                 /metrics; authentication and error rendering
 - server.py     run_server: load, bind, serve with uvicorn, stop cleanly on SIGINT/SIGTERM
 
-May import: tts/ and the top level (errors, progress, hold_points: a test's hold point);
-nothing imports it except cli/serve_cmd.py. FastAPI, uvicorn, PyAV and prometheus_client come
-with the optional `serve` extra, so only settings.py is imported before the extra is checked.
+May import (rank 6): tts/ and the top level (errors, progress, hold_points: a test's hold point);
+nothing imports it except cli/serve_cmd.py. FastAPI, uvicorn, PyAV and prometheus_client come with
+the optional `serve` extra, so only settings.py is imported before the extra is checked.
 """
 
 EXTRA_MODULES = ("fastapi", "uvicorn", "av", "multipart", "prometheus_client", "pydantic")

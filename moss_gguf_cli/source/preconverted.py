@@ -26,6 +26,8 @@ from pathlib import Path
 from ..disk.confine import boundary, confined, table_header
 from ..disk.layout_names import EMBEDDING_DIR, LM_HEAD_DIR, TOKENIZER_DIR
 from ..errors import InputError, UnsupportedModelError, UsageError
+from ..gguf.file_types import file_types, parse_file_type
+from ..gguf.read import inspect_gguf, read_gguf
 from ..progress import ProgressReporter
 from .hub import (
     NO_RECORD,
@@ -81,8 +83,6 @@ def _refuse(source: str, what: str) -> UnsupportedModelError:
 
 def classify_gguf(source: str, path: Path) -> None:
     """Refuse a GGUF that is not a plain Qwen3 backbone, naming the format it is."""
-    from ..gguf.read import inspect_gguf
-
     info = inspect_gguf(path)
     names = list(info.tensors)
     arch = (info.architecture or "").lower()
@@ -103,8 +103,6 @@ def recognise(
 
     Raises for GGUF repos of other formats.
     """
-    from ..quantize.llama import file_types
-
     path = Path(model).expanduser()
     listing: Listing | None
     if path.is_dir():
@@ -162,8 +160,6 @@ def _local_files(folder: Path) -> list[str]:
 
 def choose(repo: GgufRepo, quants: list[str]) -> list[str]:
     """The repo's GGUF paths for the asked quant types; one line listing what it has if not."""
-    from ..quantize.llama import parse_file_type
-
     wanted = [parse_file_type(q) for q in quants] or ["Q4_K_M"]
     missing = [q for q in wanted if q not in repo.ggufs]
     if missing:
@@ -216,8 +212,6 @@ _GGUF_LANG = {
 def gguf_language_config(path: Path, arch: str = "qwen3") -> dict:
     """A Qwen3 language_config from a backbone GGUF's {arch}.* metadata (the one GGUF header
     reader, gguf/read.py: it skips the vocabulary)."""
-    from ..gguf.read import read_gguf
-
     kv = read_gguf(path).kv
     out: dict = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}
     for key, gkey in _GGUF_LANG.items():
@@ -229,8 +223,6 @@ def gguf_language_config(path: Path, arch: str = "qwen3") -> dict:
 
 def derive_meta(root: Path, repo: GgufRepo, gguf: str) -> dict:
     """extraction_meta.json for a repo that has none: facts read from its tables and GGUF."""
-    from ..gguf.read import inspect_gguf
-
     classify_gguf(repo.source, root / gguf)
     ext = sorted(f for f in repo.tables if "/emb_ext_" in f)
     heads = sorted(f for f in repo.tables if "/lm_head_audio_" in f)

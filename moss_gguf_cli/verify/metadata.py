@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..gguf.read import GgufArray, GgufFile, GgufFormatError, file_type_name, read_gguf
+from ..gguf.write import Qwen3Params
 from ..report import FAIL, PASS, WARN
 from ..source.token_ids import TOKEN_DEFAULTS
 from .context import Context
@@ -91,8 +92,6 @@ def _gguf_values_row(ctx: Context, path: Path, g: GgufFile, name) -> None:
 
 def _gguf_params(ctx: Context, g: GgufFile):
     """The hyperparameters to hold the GGUF to: the model facts, else its own keys."""
-    from ..gguf.write import Qwen3Params
-
     if ctx.facts is not None and ctx.facts.params is not None:
         return ctx.facts.params
     a = g.arch or "qwen3"
