@@ -51,7 +51,7 @@ def test_both_formats_read_the_checkpoint_once(tiny_model: Path, tmp_path: Path)
     backbone = sum(r.nbytes for _, r in ck.backbone_tensors())
     whole = plan_first_class(tiny_model).source_bytes  # every tensor the first-class file holds
     assert whole > backbone
-    settings = AllSettings(model="builtin:tiny", output=tmp_path / "dual", quants=["Q4_K_M"])
+    settings = AllSettings(model="builtin:tiny", output=tmp_path / "dual", file_types=["Q4_K_M"])
 
     # the joint run first: it pays for the imports, so its count is the larger for them
     dual_bar, before = RecordingProgress(), _rchar()

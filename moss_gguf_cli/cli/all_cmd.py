@@ -11,10 +11,10 @@ from rich.table import Table
 from ..disk.staging import human_bytes
 from ..errors import UsageError
 from ..gguf.first_class import FORMAT
-from ..pipeline.dual import run_both
-from ..pipeline.first_class import FirstClassFolder, parse_formats, run_first_class
+from ..pipeline.first_class import FirstClassFolder
 from ..pipeline.recipes import Recipe, load_recipe
-from ..pipeline.run import AllResult, AllSettings, run_all
+from ..pipeline.route import AllRequest, run_request
+from ..pipeline.run import AllResult, AllSettings
 from ..quantize.engines import Engine
 from ..source.audio_tokenizer import DEFAULT_REPO, parse_flag
 from ._command import command
@@ -75,9 +75,12 @@ def all_command(
             "--config", help="A recipe YAML (configs/recipes/); flags override its keys."
         ),
     ] = None,
-    quant: Annotated[
+    file_types: Annotated[
         list[str] | None,
-        typer.Option("--quant", help="llama.cpp quant type (repeatable; default Q4_K_M)."),
+        typer.Option(
+            "--file-type", "--quant",
+            help="llama.cpp file type to quantize to (repeatable; default Q4_K_M).",
+        ),
     ] = None,
     outtype: Annotated[
         str | None,
@@ -96,7 +99,7 @@ def all_command(
     llama_cpp: LlamaCppDir = None,
     imatrix: Annotated[
         Path | None,
-        typer.Option(help="Importance matrix (llama-imatrix's .gguf or .dat) for the quant types."),
+        typer.Option(help="Importance matrix (llama-imatrix's .gguf or .dat) for the file types."),
     ] = None,
     audio_tokenizer: Annotated[
         str | None,
@@ -142,7 +145,7 @@ def all_command(
     settings = AllSettings(
         model=model,
         output=output,
-        quants=quant or r.quant or ["Q4_K_M"],
+        file_types=file_types or r.file_types or ["Q4_K_M"],
         outtype=outtype or r.outtype or "auto",
         engine=engine or r.engine or Engine.AUTO.value,
         synth=r.synth,
@@ -156,29 +159,18 @@ def all_command(
         audio_tokenizer_revision=audio_tokenizer_revision or r.audio_tokenizer_revision,
         threads=threads,
     )
-    formats = parse_formats(fmt)
-    if audio_tables_type is not None and FORMAT not in formats:
-        raise UsageError(
-            "--audio-tables-type applies to the first-class format only",
-            hint=f"add --format {FORMAT}",
-        )
-    if formats == [FORMAT]:
-        with progress_for(mode) as bar:
-            folder = run_first_class(settings, progress=bar, audio_tables=audio_tables_type)
-        _first_class_summary(folder, mode, quiet)
-        return
+    request = AllRequest(settings, fmt, audio_tables_type)
     with progress_for(mode) as bar:
-        if FORMAT in formats:  # both from one read of the checkpoint
-            result, folder = run_both(settings, progress=bar, audio_tables=audio_tables_type)
+        outcome = run_request(request, progress=bar)
+    result, folder = outcome.result, outcome.folder
+    if result is not None:
+        if not quiet:
+            _summary(result, mode)
         else:
-            result = run_all(settings, progress=bar)
-    if not quiet:
-        _summary(result, mode)
-    else:
-        typer.echo(str(result.config))
-    if FORMAT in formats:
+            typer.echo(str(result.config))
+    if folder is not None:
         _first_class_summary(folder, mode, quiet)
-    if not result.speaks:
+    if result is not None and not result.speaks:
         # the last line, also with --quiet: the folder is complete but cannot speak yet
         stdout.print(
             "no audio tokenizer: this folder cannot speak yet; add one with: "

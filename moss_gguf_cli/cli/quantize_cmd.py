@@ -59,9 +59,11 @@ def quantize_command(
             show_default=False,
         ),
     ] = None,
-    type_: Annotated[
+    file_types: Annotated[
         list[str] | None,
-        typer.Option("--type", "-t", help="Quantization type; repeat for several outputs."),
+        typer.Option(
+            "--type", "-t", "--file-type", help="The file type; repeat for several outputs."
+        ),
     ] = None,
     output_dir: Annotated[
         Path | None,
@@ -101,7 +103,7 @@ def quantize_command(
 ) -> None:
     mode = OutputMode(quiet=quiet, verbose=verbose)
     setup_logging(mode)
-    output, types = _split_args(args or [], type_ or [])
+    output, types = _split_args(args or [], file_types or [])
     kw = dict(
         engine=engine, llama_cpp=llama_cpp, imatrix=imatrix, threads=threads, pure=pure,
         token_embedding_type=token_embedding_type, output_tensor_type=output_tensor_type,

@@ -51,7 +51,7 @@ PROBE_VERSION = 1  # bump when the probe changes what it checks
 PROBE_TIMEOUT_S = 180
 
 
-PROBE_QUANTS = ("Q8_0", "Q4_K_M")
+PROBE_FILE_TYPES = ("Q8_0", "Q4_K_M")
 
 
 # hidden states of a quantized model against the f16 one: far below means wrong numbers
@@ -305,7 +305,7 @@ def interpret_probe(
         shown = ", ".join(f"{k} {v:.4f}" for k, v in cos.items())
         return ProbeResult(
             PASS,
-            f"f16, {' and '.join(PROBE_QUANTS)} of a tiny Qwen3 quantized by libllama and "
+            f"f16, {' and '.join(PROBE_FILE_TYPES)} of a tiny Qwen3 quantized by libllama and "
             f"decoded from {PROBE_ROWS} embedding rows; hidden-state cosine to f16: {shown}",
             stage=stage,
             returncode=returncode,
@@ -526,7 +526,7 @@ def probe_child_main(workdir: str | Path) -> int:
         stage(current)
         base = _decode_rows(llama_cpp, f16, rows)
         cosine: dict[str, float] = {}
-        for qtype in PROBE_QUANTS:
+        for qtype in PROBE_FILE_TYPES:
             current = f"quantizing to {qtype} (libllama)"
             stage(current)
             out = workdir / f"probe_{qtype.lower()}.gguf"

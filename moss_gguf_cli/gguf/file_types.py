@@ -24,7 +24,7 @@ def _llama_name(constant: str) -> str | None:
 
 
 @functools.lru_cache(maxsize=1)
-def file_types() -> dict[str, int]:
+def file_type_table() -> dict[str, int]:
     """Every llama.cpp file type: NAME -> llama_ftype value.
 
     From llama-cpp-python's LLAMA_FTYPE_* constants (the library's own llama.h) joined with
@@ -54,7 +54,7 @@ def file_types() -> dict[str, int]:
 
 def parse_file_type(name: str) -> str:
     """Canonical upper-case file type name for a case-insensitive name or alias."""
-    table = file_types()
+    table = file_type_table()
     key = name.strip().upper()
     key = FILE_TYPE_ALIASES.get(key, key)
     if key not in table:

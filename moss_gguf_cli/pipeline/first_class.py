@@ -94,9 +94,9 @@ def convert_first_class(
     )  # fmt: skip
 
 
-def gguf_names(quants: list[str]) -> list[str]:
+def gguf_names(file_types: list[str]) -> list[str]:
     """The folder's GGUF file names, one per requested type (F16/BF16: the unquantized file)."""
-    return [f"{STEM}_{q.lower()}.gguf" for q in quants]
+    return [f"{STEM}_{q.lower()}.gguf" for q in file_types]
 
 
 @dataclass
@@ -111,7 +111,7 @@ class FirstClassFolder:
 def write_first_class(
     model: Path,
     output: Path,
-    quants: list[str],
+    file_types: list[str],
     outtype: str,
     codec: AudioTokenizer | None,
     source_model: str,
@@ -128,14 +128,14 @@ def write_first_class(
     started = time.perf_counter()
     bar = ensure(progress)
     notes: list[str] = []
-    floats = [q for q in quants if q in FLOAT_TYPES]
+    floats = [q for q in file_types if q in FLOAT_TYPES]
     if len(floats) > 1:
         raise UsageError("F16 and BF16 both asked for", hint="keep one of them")
     if floats:
         outtype = floats[0].lower()  # the unquantized file is the intermediate itself
     with Staging(Path(output), force=force) as stage:
-        if not _take_handoff(handoff, stage.path, gguf_names(quants)):
-            notes = _write_ggufs(model, stage.path, quants, outtype, threads, bar, audio_tables)
+        if not _take_handoff(handoff, stage.path, gguf_names(file_types)):
+            notes = _write_ggufs(model, stage.path, file_types, outtype, threads, bar, audio_tables)
         ck_tokenizer = [Path(model) / n for n in TOKENIZER_FILES if (Path(model) / n).is_file()]
         (stage.path / TOKENIZER_DIR).mkdir()
         for src in ck_tokenizer:
@@ -143,7 +143,7 @@ def write_first_class(
         if codec is not None:
             for item in audio_tokenizer_files(codec):
                 _link_or_copy(item.source, stage.path / item.rel)
-        names = gguf_names(quants)
+        names = gguf_names(file_types)
         (stage.path / README_NAME).write_text(readme(names, codec is not None))
         tables = audio_tables.strip().lower() if audio_tables else None
         files = _manifest(stage.path, names, codec, source_model, tables, made_from)
@@ -155,13 +155,13 @@ def write_first_class(
 
 
 def _write_ggufs(
-    model: Path, folder: Path, quants: list[str], outtype: str, threads, bar, audio_tables
+    model: Path, folder: Path, file_types: list[str], outtype: str, threads, bar, audio_tables
 ) -> list[str]:
     """Every requested type into folder: the quantized ones from one read by the direct
     engine, which also writes the f16/bf16 file when that is asked for."""
-    quantized = [(folder / n, q) for n, q in zip(gguf_names(quants), quants, strict=True)
+    quantized = [(folder / n, q) for n, q in zip(gguf_names(file_types), file_types, strict=True)
                  if q not in FLOAT_TYPES]  # fmt: skip
-    wants_float = len(quantized) < len(quants)
+    wants_float = len(quantized) < len(file_types)
     if not quantized:
         kind = outtype if outtype != "auto" else "f16"
         convert_first_class(model, folder / f"{STEM}_{kind}.gguf", kind, True, bar)
@@ -288,11 +288,11 @@ def run_first_class(
     folder that may hold the GGUFs already (pipeline/dual.py)."""
     bar = ensure(progress)
     output = Path(settings.output)
-    quants = [parse_file_type(q) for q in settings.quants] or ["Q4_K_M"]
+    file_types = [parse_file_type(q) for q in settings.file_types] or ["Q4_K_M"]
     check_first_class_settings(settings)
     parse_audio_tables_type(audio_tables)  # a bad value fails before any work
     started = time.perf_counter()
-    names = gguf_names(quants)
+    names = gguf_names(file_types)
     model = resolve_model(settings.model, settings.revision, settings.cache_dir, bar)
     made_from = first_class_made_from(settings, model)
     if not settings.force and folder_complete(output, names, audio_tables):
@@ -310,7 +310,7 @@ def run_first_class(
             progress=bar,
         )  # fmt: skip
         folder = write_first_class(
-            model, output, quants, settings.outtype, codec, settings.model,
+            model, output, file_types, settings.outtype, codec, settings.model,
             threads=settings.threads, force=settings.force, progress=bar,
             audio_tables=audio_tables, made_from=made_from, handoff=handoff,
         )  # fmt: skip

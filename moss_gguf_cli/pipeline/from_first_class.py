@@ -23,7 +23,7 @@ import numpy as np
 from .. import __version__
 from ..disk.layout_names import EMBEDDING_DIR, LM_HEAD_DIR, META_NAME, TOKENIZER_DIR
 from ..errors import InputError, UsageError
-from ..gguf.file_types import file_types, parse_file_type
+from ..gguf.file_types import file_type_table, parse_file_type
 from ..gguf.first_class import ARCH_NAME, AUDIO_EMBD
 from ..gguf.first_class_read import (
     EXACT_TYPES,
@@ -46,7 +46,7 @@ from .made_from import folder_identity
 
 # tokenizer.ggml.* id key → the config key gguf's SpecialVocab reads it from
 _ID_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "padding": "pad_token_id"}
-DEFAULT_QUANT = "Q4_K_M"  # all's --quant default
+DEFAULT_FILE_TYPE = "Q4_K_M"  # all's --quant default
 _MOSS_IDS = (
     "audio_start_token_id", "audio_end_token_id", "audio_user_slot_token_id",
     "audio_assistant_gen_slot_token_id", "audio_assistant_delay_slot_token_id",
@@ -77,19 +77,19 @@ def is_first_class(path: Path) -> bool:
     return g.arch == ARCH_NAME and any(n.startswith(f"{AUDIO_EMBD}.") for n in g.tensors)
 
 
-def _choose(model: str, ggufs: list[str], quants: list[str]) -> str:
+def _choose(model: str, ggufs: list[str], file_types: list[str]) -> str:
     """The one GGUF of the model the run reads: the --quant type its name says; with the
     default --quant (Q4_K_M) and one file, that file, whatever its type."""
-    if len(quants) > 1:
+    if len(file_types) > 1:
         raise UsageError(
             f"{model} is one first-class GGUF per type; pass one --quant",
             hint="run `all` once per type",
         )
-    by_type = {file_type_of(Path(g).name, list(file_types())): g for g in ggufs}
-    wanted = parse_file_type(quants[0]) if quants else DEFAULT_QUANT
+    by_type = {file_type_of(Path(g).name, list(file_type_table())): g for g in ggufs}
+    wanted = parse_file_type(file_types[0]) if file_types else DEFAULT_FILE_TYPE
     if wanted in by_type:
         return by_type[wanted]
-    if len(ggufs) == 1 and wanted == DEFAULT_QUANT:
+    if len(ggufs) == 1 and wanted == DEFAULT_FILE_TYPE:
         return ggufs[0]
     have = ", ".join(sorted(t for t in by_type if t)) or "no type in its names"
     raise UsageError(f"{model} has no {wanted} first-class GGUF ({have})",
@@ -110,7 +110,7 @@ def _tokenizer_beside(gguf: Path) -> Path:
 
 def find_first_class(
     model: str,
-    quants: list[str],
+    file_types: list[str],
     revision: str | None = None,
     cache_dir: Path | None = None,
     progress: ProgressReporter | None = None,
@@ -129,17 +129,17 @@ def find_first_class(
         ggufs = sorted(p.name for p in path.glob("*.gguf") if is_first_class(p))
         if not ggufs:
             return None
-        gguf = path / _choose(model, ggufs, quants)
+        gguf = path / _choose(model, ggufs, file_types)
         check_first_class(gguf)
         source = folder_identity(path, [gguf.name])
         return FirstClassInput(model, gguf, _tokenizer_beside(gguf), source, "local folder", {})
     if is_repo_id(model) and not path.exists():
-        return _from_hub(model, quants, revision, cache_dir, progress)
+        return _from_hub(model, file_types, revision, cache_dir, progress)
     return None
 
 
 def _from_hub(
-    model: str, quants: list[str], revision: str | None, cache_dir: Path | None, progress
+    model: str, file_types: list[str], revision: str | None, cache_dir: Path | None, progress
 ) -> FirstClassInput | None:
     """A Hub repo whose GGUFs are first-class: the chosen one and the tokenizer, downloaded and
     checked against the Hub's listing (hub.py)."""
@@ -154,7 +154,7 @@ def _from_hub(
     named = [g for g in ggufs if ARCH_NAME in g.lower()]
     if not named:
         return None
-    gguf = _choose(model, named, quants)
+    gguf = _choose(model, named, file_types)
     tok = [f"{TOKENIZER_DIR}/{n}" for n in TOKENIZER_FILES if f"{TOKENIZER_DIR}/{n}" in files]
     if f"{TOKENIZER_DIR}/tokenizer.json" not in tok:
         raise InputError(f"{model} has no {TOKENIZER_DIR}/tokenizer.json beside {gguf}",

@@ -36,7 +36,7 @@ from ..disk.page_cache import SourcePages
 from ..disk.sinks import appender
 from ..disk.staging import staged_file
 from ..errors import InputError, NumericError, ToolError, UsageError
-from ..gguf.file_types import file_types
+from ..gguf.file_types import file_type_table
 from ..gguf.imatrix import OVERRIDE_STR_BYTES, ImatrixData, imatrix_kvs, load_imatrix
 from ..gguf.stream import (
     CHUNK_BYTES,
@@ -146,7 +146,8 @@ def plan_direct(
     try:
         header_len = _sparse_header(stand_in, dry, scratch_dir)
         targets = [
-            _dry_run(stand_in, out, ftype, settings, imatrix, source) for out, ftype in outputs
+            _dry_run(stand_in, out, file_type, settings, imatrix, source)
+            for out, file_type in outputs
         ]
         for t in targets:  # the user's types over llama.cpp's (as llama-quantize --tensor-type)
             t.types.update({n: int(q) for n in t.types if (q := source.forced_type(n)) is not None})
@@ -191,9 +192,9 @@ def _dry_run(
     source: GGUFPlan,
 ) -> DirectTarget:
     """llama_model_quantize's dry run: which type each tensor gets, in which order."""
-    ftype = file_types()[file_type]
+    file_type_id = file_type_table()[file_type]
     command = quantize_command(lc.QUANTIZE_BIN, stand_in, output, file_type, s)
-    job = QuantizeJob(stand_in, output, file_type, ftype, Engine.LIBRARY, command, s)
+    job = QuantizeJob(stand_in, output, file_type, file_type_id, Engine.LIBRARY, command, s)
     parser = lc.QuantizeLogParser()
     rc = library_quantize(job, output, s, imatrix, parser.feed, dry_run=True)
     parser.close()
@@ -233,7 +234,7 @@ def _header(
         [(r.name, t.types[r.name]) for r in t.rows],
         [
             ("general.quantization_version", gguf.GGML_QUANT_VERSION),
-            ("general.file_type", file_types()[t.file_type]),
+            ("general.file_type", file_type_table()[t.file_type]),
         ],
         list(_SPLIT_KEYS),
         overrides,

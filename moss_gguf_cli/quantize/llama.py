@@ -26,7 +26,7 @@ import numpy as np
 
 from ..disk.staging import check_target, staged_file
 from ..errors import InputError, OutputError, ToolError, UsageError
-from ..gguf.file_types import file_types, parse_file_type
+from ..gguf.file_types import file_type_table, parse_file_type
 from ..gguf.imatrix import OVERRIDE_STR_BYTES, ImatrixData, imatrix_kvs, load_imatrix
 from ..gguf.read import GgufInfo, inspect_gguf  # the one GGUF header reader
 from ..hold_points import hold
@@ -145,7 +145,7 @@ class QuantizeJob:
     input: Path
     output: Path
     file_type: str
-    ftype: int
+    file_type_id: int  # its llama_ftype value
     engine: Engine  # BINARY or LIBRARY, never AUTO
     command: list[str]  # the llama-quantize argv (for the library: the same arguments)
     settings: QuantizeSettings  # with canonical type names
@@ -286,7 +286,7 @@ def plan_quantize(
     # canonical names from here on; the library engine shows the equivalent llama-quantize
     s = replace(s, engine=resolved, token_embedding_type=tok_type, output_tensor_type=out_type)
     exe_name = str(exe) if exe is not None else lc.QUANTIZE_BIN
-    table = file_types()
+    table = file_type_table()
     jobs = [
         QuantizeJob(
             input, out, t, table[t], resolved, quantize_command(exe_name, input, out, t, s), s
@@ -488,7 +488,7 @@ def _quantize_params(
     outlive the call)."""
     llama_cpp = libllama.bindings()
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = job.ftype
+    params.ftype = job.file_type_id
     params.nthread = s.threads or 0
     ttypes = tensor_types()
     if s.token_embedding_type:

@@ -3,7 +3,7 @@
 Such a repo (or a local copy of one) holds a quantized Qwen3 backbone ``.gguf``,
 ``embeddings/`` and ``lm_heads/`` (the 33 + 33 ``.npy`` tables) and ``tokenizer/``; no config,
 no hash list. ``all`` recognises it from the file set, downloads only the GGUF of the asked
-quant type and the tables, checks every file against the record the download has (`hub`: the
+file type and the tables, checks every file against the record the download has (`hub`: the
 Hub's listing online; offline the client's tree listing, an older cache's blob names, or a
 ``--local-dir`` folder's metadata; a plain folder is used as it is and says so), and lays
 out a weights folder with the codec, a synth YAML and a manifest. The model facts the repo
@@ -26,7 +26,7 @@ from pathlib import Path
 from ..disk.confine import boundary, confined, table_header
 from ..disk.layout_names import EMBEDDING_DIR, LM_HEAD_DIR, TOKENIZER_DIR
 from ..errors import InputError, UnsupportedModelError, UsageError
-from ..gguf.file_types import file_types, parse_file_type
+from ..gguf.file_types import file_type_table, parse_file_type
 from ..gguf.read import inspect_gguf, read_gguf
 from ..progress import ProgressReporter
 from .hub import (
@@ -132,7 +132,7 @@ def recognise(
         raise InputError(
             f"{model} has no {TOKENIZER_DIR}/tokenizer.json", hint=f"expected {LAYOUT}"
         )
-    known = list(file_types())
+    known = list(file_type_table())
     by_type: dict[str, str] = {}
     for g in sorted(ggufs):
         if "/" in g:
@@ -158,9 +158,9 @@ def _local_files(folder: Path) -> list[str]:
     return out
 
 
-def choose(repo: GgufRepo, quants: list[str]) -> list[str]:
-    """The repo's GGUF paths for the asked quant types; one line listing what it has if not."""
-    wanted = [parse_file_type(q) for q in quants] or ["Q4_K_M"]
+def choose(repo: GgufRepo, file_types: list[str]) -> list[str]:
+    """The repo's GGUF paths for the asked file types; one line listing what it has if not."""
+    wanted = [parse_file_type(q) for q in file_types] or ["Q4_K_M"]
     missing = [q for q in wanted if q not in repo.ggufs]
     if missing:
         raise UsageError(
