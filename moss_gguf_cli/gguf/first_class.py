@@ -35,6 +35,7 @@ from .write import GGUFPlan, OutType, Qwen3Params
 
 ARCH_NAME = "moss-tts-delay"
 FORMAT = ARCH_NAME  # the --format value
+FILE_STEM = ARCH_NAME  # the files' names: moss-tts-delay_q4_k_m.gguf, moss-tts-delay_f16.gguf
 AUDIO_EMBD = "token_embd_audio"
 AUDIO_HEAD = "output_audio"
 # the MOSS keys the converter writes after general.file_type, in its order

@@ -25,7 +25,7 @@ from ..disk.page_cache import SourcePages
 from ..disk.staging import Staging, check_free_space, staged_file
 from ..errors import UsageError
 from ..gguf.file_types import parse_file_type
-from ..gguf.first_class import FORMAT, parse_audio_tables_type
+from ..gguf.first_class import FILE_STEM, FORMAT, parse_audio_tables_type
 from ..gguf.first_class_read import check_first_class
 from ..gguf.write import OutType, write_gguf
 from ..progress import ProgressReporter, ensure
@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 
 BACKEND = "backend"
 FORMATS = (BACKEND, FORMAT)
-STEM = "moss-tts-delay"  # the GGUF file names: moss-tts-delay_q4_k_m.gguf, moss-tts-delay_f16.gguf
 README_NAME = "README.md"
 # the fork the format is read by, and the commit its byte identity was checked against
 FORK = "https://github.com/expectqwq/llama.cpp"
@@ -96,7 +95,7 @@ def convert_first_class(
 
 def gguf_names(file_types: list[str]) -> list[str]:
     """The folder's GGUF file names, one per requested type (F16/BF16: the unquantized file)."""
-    return [f"{STEM}_{q.lower()}.gguf" for q in file_types]
+    return [f"{FILE_STEM}_{q.lower()}.gguf" for q in file_types]
 
 
 @dataclass
@@ -164,7 +163,7 @@ def _write_ggufs(
     wants_float = len(quantized) < len(file_types)
     if not quantized:
         kind = outtype if outtype != "auto" else "f16"
-        convert_first_class(model, folder / f"{STEM}_{kind}.gguf", kind, True, bar)
+        convert_first_class(model, folder / f"{FILE_STEM}_{kind}.gguf", kind, True, bar)
         return []
     # lazy: quantize.direct loads ml_dtypes (half a second): only a run that quantizes pays it
     from ..quantize.direct import quantize_checkpoint

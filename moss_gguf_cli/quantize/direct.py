@@ -37,6 +37,7 @@ from ..disk.sinks import appender
 from ..disk.staging import staged_file
 from ..errors import InputError, NumericError, ToolError, UsageError
 from ..gguf.file_types import file_type_table
+from ..gguf.first_class import FILE_STEM
 from ..gguf.imatrix import OVERRIDE_STR_BYTES, ImatrixData, imatrix_kvs, load_imatrix
 from ..gguf.stream import (
     CHUNK_BYTES,
@@ -75,7 +76,6 @@ log = logging.getLogger(__name__)
 ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT: llama-quantize writes with it whatever the input says
 _SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")  # llama-quantize drops them
 _QT = gguf.GGMLQuantizationType
-_DELAY_STEM = "moss-tts-delay"  # the first-class files' names: moss-tts-delay_f16.gguf
 
 
 class DirectUnavailable(Exception):
@@ -638,7 +638,7 @@ def quantize_checkpoint(
     the same read (join_plans); their results follow the backbone's.
     """
     plan_source = _source_planner(model, first_class, audio_tables)
-    stem = _DELAY_STEM if first_class else "backbone"
+    stem = FILE_STEM if first_class else "backbone"
     notes: list[str] = []
     for kind in ("f16", "bf16") if outtype == "auto" else (outtype,):
         source = plan_source(OutType.parse(kind))
@@ -665,7 +665,7 @@ def _companion_plan(
     """The first-class family's plan, rounded through the same intermediate type."""
     root = model.root if isinstance(model, MossCheckpoint) else Path(model)
     source = _source_planner(root, True, also.audio_tables)(OutType.parse(kind))
-    kept = also.keep / f"{_DELAY_STEM}_{kind}.gguf" if also.keep is not None else None
+    kept = also.keep / f"{FILE_STEM}_{kind}.gguf" if also.keep is not None else None
     return plan_direct(source, also.outputs, settings, None, scratch_dir, kept)
 
 
