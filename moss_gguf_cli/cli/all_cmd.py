@@ -28,7 +28,7 @@ EXAMPLES = """
 
   moss-gguf all --model OpenMOSS-Team/MOSS-TTS --output weights/MOSS-TTS-GGUF
 
-  moss-gguf all --model /path/to/MOSS-TTS --output w --quant Q4_K_M --quant Q8_0 \\
+  moss-gguf all --model /path/to/MOSS-TTS --output w --file-type Q4_K_M --file-type Q8_0 \\
       --audio-tokenizer /path/to/MOSS-Audio-Tokenizer-ONNX
 
   moss-gguf all --model OpenMOSS-Team/MOSS-TTS-GGUF --output weights/MOSS-TTS-GGUF
@@ -36,7 +36,7 @@ EXAMPLES = """
   moss-gguf all --config configs/recipes/MOSS-TTS-Q4_K_M.yaml --output weights/MOSS-TTS-Q4_K_M
 
   moss-gguf all --model OpenMOSS-Team/MOSS-TTS --output w --format moss-tts-delay \\
-      --quant Q4_K_M --quant F16
+      --file-type Q4_K_M --file-type F16
   [dim](first-class GGUFs for OpenMOSS's llama.cpp fork, llama-moss-tts)[/dim]
 
   moss-gguf all --model builtin:tiny --output w --format moss-tts-delay \\
@@ -46,7 +46,7 @@ EXAMPLES = """
   moss-gguf all --model w/moss-tts-delay_q4_k_m.gguf --output w-backend
   [dim](a first-class GGUF, folder or Hub repo read back into the layout synth speaks)[/dim]
 
-Several --quant types cost one read of the checkpoint: the direct engine writes them all in
+Several --file-type values cost one read of the checkpoint: the direct engine writes them all in
 one pass, with no intermediate GGUF on disk. --format moss-tts-delay writes the first-class
 GGUF instead (F16/BF16 are its unquantized files); with --format backend too, that folder
 goes into OUTPUT/moss-tts-delay/, both from the same read of the checkpoint. An interrupted
