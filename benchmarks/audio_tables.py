@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from _common import DEFAULT_DIR, measure, real_dims_checkpoint, remove
 
-from moss_gguf_cli.gguf.delay import AUDIO_EMBD, AUDIO_HEAD, gguf_name
+from moss_gguf_cli.gguf.first_class import AUDIO_EMBD, AUDIO_HEAD, gguf_name
 from moss_gguf_cli.gguf.stream import SourceTensor
 from moss_gguf_cli.gguf.write import Qwen3Params
 from moss_gguf_cli.source.backbone import backbone_config

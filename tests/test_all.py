@@ -160,9 +160,9 @@ def test_unknown_engine_on_a_finished_folder_is_a_one_line_error(finished) -> No
     assert "choose auto, direct, binary, library" in err.value.one_line()
 
 
-def test_keep_intermediate_and_several_quants(tmp_path: Path) -> None:
-    out = tmp_path / "w"
-    proc = run_all_cli(out, "--quant", "Q8_0", "--quant", "q6_k", "--keep-intermediate", "-q")
+def test_keep_intermediate_and_several_file_types(tmp_path: Path) -> None:
+    out = tmp_path / "w"  # --file-type, and its old spelling --quant, in one run
+    proc = run_all_cli(out, "--file-type", "Q8_0", "--quant", "q6_k", "--keep-intermediate", "-q")
     assert proc.returncode == 0, proc.stderr
     assert {p.name for p in out.glob("*.gguf")} == {"backbone_q8_0.gguf", "backbone_q6_k.gguf"}
     assert (out / "moss-tts.yaml").is_file() and (out / "moss-tts-backbone_q6_k.yaml").is_file()
@@ -227,3 +227,38 @@ def test_killed_in_each_step_resumes(step: str, tmp_path: Path, held_run) -> Non
     assert sorted(p.name for p in tmp_path.iterdir()) == ["w"]
     table = np.load(out / "lm_heads/lm_head_audio_00.npy")
     assert table.shape == (1025, 256) and np.isfinite(table).all()
+
+
+def test_the_route_is_chosen_once_from_the_input_kind_and_the_formats(tmp_path: Path) -> None:
+    """pipeline/route.py's table, and the request checked before anything is looked at."""
+    from moss_gguf_cli.errors import UsageError
+    from moss_gguf_cli.pipeline.route import (
+        AllRequest,
+        Backend,
+        InputKind,
+        Route,
+        choose_route,
+        find_input,
+        run_request,
+    )
+    from moss_gguf_cli.pipeline.run import AllSettings
+    from moss_gguf_cli.progress import RecordingProgress
+
+    backend, first, both = ["backend"], ["moss-tts-delay"], ["backend", "moss-tts-delay"]
+    made = {
+        InputKind.CHECKPOINT: Backend.STEPS,
+        InputKind.PRECONVERTED: Backend.PRECONVERTED,
+        InputKind.FIRST_CLASS: Backend.FROM_FIRST_CLASS,
+    }
+    for kind, how in made.items():
+        assert choose_route(kind, backend) == Route(how, first_class=False)
+        assert choose_route(kind, both) == Route(how, first_class=True)
+        assert choose_route(kind, both).one_read == (kind is InputKind.CHECKPOINT)
+    assert choose_route(None, first) == Route(None, first_class=True)
+    settings = AllSettings(model="builtin:tiny", output=tmp_path / "w")
+    assert find_input(settings, RecordingProgress()).kind is InputKind.CHECKPOINT
+    with pytest.raises(UsageError, match="first-class format only"):
+        run_request(AllRequest(settings, ["backend"], audio_tables="f16"))
+    with pytest.raises(UsageError, match="unknown format 'gguf'"):
+        run_request(AllRequest(settings, ["gguf"]))
+    assert not (tmp_path / "w").exists()

@@ -64,7 +64,7 @@ def test_synth_yamls_have_upstream_keys_and_types_and_load(path: Path):
 def test_recipes_load(path: Path):
     recipe = load_recipe(path)
     assert recipe.model and recipe.model.startswith("OpenMOSS-Team/")
-    assert recipe.quant and recipe.audio_tokenizer
+    assert recipe.file_types and recipe.audio_tokenizer
     assert f"--config configs/recipes/{path.name}" in path.read_text()
 
 

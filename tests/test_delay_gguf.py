@@ -31,11 +31,11 @@ import pytest
 
 from moss_gguf_cli.disk.digests import sha256_file
 from moss_gguf_cli.errors import InputError
-from moss_gguf_cli.gguf.delay import plan_delay
-from moss_gguf_cli.gguf.delay_read import check_first_class
+from moss_gguf_cli.gguf.first_class_read import check_first_class
 from moss_gguf_cli.pipeline.first_class import convert_first_class
 from moss_gguf_cli.quantize.direct import quantize_checkpoint
 from moss_gguf_cli.quantize.llama import QuantizeSettings
+from moss_gguf_cli.source.first_class import plan_first_class
 from moss_gguf_cli.source.tiny import TinySpec, write_tiny
 
 TYPES = ["Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"]
@@ -109,7 +109,7 @@ def test_quantized_are_the_fork_quantizers_files(model: Path, tmp_path: Path) ->
 
 
 def test_names_and_keys_of_the_format(tiny_model: Path) -> None:
-    plan = plan_delay(tiny_model)
+    plan = plan_first_class(tiny_model)
     names = [t.name for t in plan.tensors]
     assert "token_embd_audio.31.weight" in names and "output_audio.31.weight" in names
     assert "output.weight" in names and "token_embd_audio.32.weight" not in names

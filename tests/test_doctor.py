@@ -264,11 +264,11 @@ def test_disk_plan_is_all_s_own_plan(tiny_model: Path) -> None:
         "n_vq": 32,
         "audio_rows": 1025,
     }
-    for quants in (("Q4_K_M",), ("Q8_0", "Q6_K")):
-        settings = AllSettings(model="builtin:tiny", output=Path("w"), quants=list(quants))
+    for file_types in (("Q4_K_M",), ("Q8_0", "Q6_K")):
+        settings = AllSettings(model="builtin:tiny", output=Path("w"), file_types=list(file_types))
         for direct in (False, True):
             expected = plan_bytes(tiny_model, settings, direct)
-            assert abs(dr.model_plan(tiny, quants, direct).output - expected) <= len(quants)
+            assert abs(dr.model_plan(tiny, file_types, direct).output - expected) <= len(file_types)
     # the real model, against docs/ARCHITECTURE.md §1's sizes
     real = dr.real_model_plan(direct=False)
     assert 8.0e9 < real.backbone_params < 8.5e9

@@ -18,7 +18,6 @@ from test_all import statuses
 from test_delay_gguf import GOLDEN, cli
 
 from moss_gguf_cli.disk.digests import sha256_file
-from moss_gguf_cli.gguf.delay import plan_delay
 from moss_gguf_cli.gguf.write import OutType
 from moss_gguf_cli.pipeline.dual import handoff_dir, run_both
 from moss_gguf_cli.pipeline.first_class import run_first_class
@@ -28,6 +27,7 @@ from moss_gguf_cli.quantize.direct import join_plans, plan_direct, quantize_chec
 from moss_gguf_cli.quantize.llama import QuantizeSettings
 from moss_gguf_cli.source.backbone import open_backbone, plan_native
 from moss_gguf_cli.source.checkpoint import open_checkpoint
+from moss_gguf_cli.source.first_class import plan_first_class
 
 FIRST = "moss-tts-delay"
 # the readers of the checkpoint that the progress counts: the direct pass, convert's
@@ -49,9 +49,9 @@ def _source_bytes(progress: RecordingProgress) -> int:
 def test_both_formats_read_the_checkpoint_once(tiny_model: Path, tmp_path: Path) -> None:
     ck = open_checkpoint(tiny_model)
     backbone = sum(r.nbytes for _, r in ck.backbone_tensors())
-    whole = plan_delay(tiny_model).source_bytes  # every tensor the first-class file holds
+    whole = plan_first_class(tiny_model).source_bytes  # every tensor the first-class file holds
     assert whole > backbone
-    settings = AllSettings(model="builtin:tiny", output=tmp_path / "dual", quants=["Q4_K_M"])
+    settings = AllSettings(model="builtin:tiny", output=tmp_path / "dual", file_types=["Q4_K_M"])
 
     # the joint run first: it pays for the imports, so its count is the larger for them
     dual_bar, before = RecordingProgress(), _rchar()
@@ -124,7 +124,7 @@ def test_a_family_out_of_read_order_is_written_by_position(tiny_model: Path, tmp
     """The backbone's order is a subsequence of the first-class one, so its files are appended;
     a family whose order is not is written by position, every byte as when made alone."""
     settings = QuantizeSettings()
-    first = plan_direct(plan_delay(tiny_model, "f16"), [(tmp_path / "first.gguf", "Q4_K_M")],
+    first = plan_direct(plan_first_class(tiny_model, "f16"), [(tmp_path / "first.gguf", "Q4_K_M")],
                         settings, None, tmp_path)  # fmt: skip
     backbone = plan_native(open_backbone(open_checkpoint(tiny_model)), OutType.parse("f16"))
     back = plan_direct(backbone, [(tmp_path / "back.gguf", "Q6_K")], settings, None, tmp_path)

@@ -25,15 +25,14 @@ from typer.testing import CliRunner
 
 from moss_gguf_cli.cli.app import app
 from moss_gguf_cli.errors import InputError, OutputError, ToolError, UsageError
+from moss_gguf_cli.gguf.file_types import file_type_table, parse_file_type
 from moss_gguf_cli.native import llama_tools as lc
 from moss_gguf_cli.native.pins import LLAMA_CPP_PYTHON
 from moss_gguf_cli.progress import RecordingProgress
 from moss_gguf_cli.quantize.llama import (
-    file_types,
     inspect_gguf,
     load_imatrix,
     output_name,
-    parse_file_type,
     plan_quantize,
     quantize,
 )
@@ -229,7 +228,7 @@ def test_engines_are_byte_identical_to_llama_quantize(
         n_bits = sum(x.n_bytes for x in header.tensors.values()) * 8
         assert r.bpw == pytest.approx(n_bits / header.n_elements, abs=0.006)
         assert r.input_bpw == pytest.approx(16.0, abs=0.1)
-        assert header.file_type == file_types()[t]
+        assert header.file_type == file_type_table()[t]
         key = f"quantize:{t}"
         assert progress.totals[key] == n_tensors and progress.done[key] == n_tensors
     q4 = {row.name: row for row in results[0].tensors}
@@ -451,7 +450,7 @@ def test_unknown_types_list_the_valid_ones(small_f16: Path, tmp_path: Path):
 
 
 def test_type_table_covers_llama_cpp(quantize_bin: Path):
-    table = file_types()
+    table = file_type_table()
     import llama_cpp
 
     consts = {k for k in dir(llama_cpp) if k.startswith("LLAMA_FTYPE_")} - {"LLAMA_FTYPE_GUESSED"}

@@ -93,7 +93,8 @@ def test_all_leaves_the_source_tensors_out_of_the_page_cache(
     model = _cached_source(tiny_model, tmp_path / "model")
     run_all(
         AllSettings(
-            model=str(model), output=tmp_path / "weights", quants=["Q8_0"], audio_tokenizer="none"
+            model=str(model), output=tmp_path / "weights", file_types=["Q8_0"],
+            audio_tokenizer="none",
         )
     )
     # verify's sampled comparison with the source reads back the first rows of each tensor
@@ -104,7 +105,7 @@ def test_keep_intermediate_leaves_the_source_cached(tiny_model: Path, tmp_path: 
     # extract then also copies the backbone, a reader the tracker does not follow
     model = _cached_source(tiny_model, tmp_path / "model")
     settings = AllSettings(
-        model=str(model), output=tmp_path / "weights", quants=["Q8_0"], keep_intermediate=True,
+        model=str(model), output=tmp_path / "weights", file_types=["Q8_0"], keep_intermediate=True,
         audio_tokenizer="none",
     )
     run_all(settings)

@@ -111,24 +111,70 @@ def test_no_private_name_crosses_a_module():
     assert not found, found
 
 
-# The rooms, bottom to top: a room imports only rooms on its own rank or below
-# (docs/ARCHITECTURE.md §6). The package's top-level modules are rank 0.
+# The rooms, bottom to top (docs/ARCHITECTURE.md §6). A room imports only rooms of a lower
+# rank: never one above, never one beside it, so the graph of rooms is acyclic by construction.
+# The package's top-level modules (errors, progress, report, hold_points) are rank 0.
 RANKS = {
     "disk": 1, "native": 1,
-    "tts": 2, "quantize": 2, "gguf": 2, "source": 2,
-    "verify": 3, "doctor": 3,
-    "pipeline": 4, "serve": 4,
-    "cli": 5, "__main__": 5,
+    "gguf": 2,
+    "source": 3,
+    "tts": 4, "quantize": 4,
+    "verify": 5, "doctor": 5,
+    "pipeline": 6, "serve": 6,
+    "cli": 7,
+    "__main__": 8,  # python -m moss_gguf_cli: the entry point over the CLI
 }  # fmt: skip
+LAZY_MARK = "# lazy:"  # an import of another room inside a function says why, on the line above
+
+
+def room(module: str) -> str:
+    """The room a module lives in ("" for the package's top-level modules)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in RANKS else ""
 
 
 def rank(module: str) -> int:
-    parts = module.split(".")
-    return RANKS.get(parts[1], 0) if len(parts) > 1 else 0
+    return RANKS.get(room(module), 0)
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
-    return sorted(f"{a} → {b}" for a, deps in graph.items() for b in deps if rank(b) > rank(a))
+    """Imports of a room above, or of another room on the same rank."""
+    return sorted(
+        f"{a} → {b}"
+        for a, deps in graph.items()
+        for b in deps
+        if rank(b) > rank(a) or (rank(b) == rank(a) and room(b) != room(a))
+    )
+
+
+def room_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    rooms: dict[str, set[str]] = {}
+    for a, deps in graph.items():
+        rooms.setdefault(room(a), set()).update(room(b) for b in deps if room(b) != room(a))
+    for deps in list(rooms.values()):
+        for b in deps:
+            rooms.setdefault(b, set())
+    return rooms
+
+
+def unexplained_lazy_imports(name: str, path: Path, known: dict[str, Path]) -> list[str]:
+    """Imports of another room inside a function whose line above is not a `# lazy:` comment."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    tree = ast.parse("\n".join(lines))
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(fn):
+            if not isinstance(node, ast.ImportFrom) or not node.level:
+                continue
+            head = package[: len(package) - node.level + 1]
+            target = ".".join(head + ([node.module] if node.module else []))
+            before = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
+            if room(target) != room(name) and LAZY_MARK not in before:
+                found.append(f"{name}:{node.lineno} imports {target}")
+    return found
 
 
 def test_rooms_import_only_downward():
@@ -137,6 +183,20 @@ def test_rooms_import_only_downward():
     rooms = {n.split(".")[1] for n in known if n.count(".") >= 1 and known[n].name == "__init__.py"}
     assert rooms <= set(RANKS), f"rank the new room(s) {rooms - set(RANKS)}"
     assert upward_imports(graph) == []
+
+
+def test_the_room_graph_is_acyclic():
+    """Over every file of each room, imports inside functions included."""
+    known = modules()
+    graph = room_graph({name: imports(name, path, known) for name, path in known.items()})
+    assert graph["pipeline"] >= {"quantize", "source", "gguf"}  # the walk sees the rooms
+    assert find_cycle(graph) is None, " → ".join(find_cycle(graph) or [])
+
+
+def test_imports_between_rooms_are_at_the_top_unless_they_say_why():
+    known = modules()
+    found = [bad for n, p in known.items() for bad in unexplained_lazy_imports(n, p, known)]
+    assert found == []
 
 
 def test_every_room_says_what_it_holds_and_may_import():
@@ -160,6 +220,13 @@ def test_the_room_checks_find_planted_violations(tmp_path):
         "gguf/__init__.py": "",
         "gguf/write.py": "from ..disk.sinks import Sink, _buffer\n",  # a private name
         "gguf/read.py": "def f():\n    from ..pipeline import run\n",  # upward, in a function
+        "tts/__init__.py": "",
+        "tts/codec.py": "",
+        "quantize/__init__.py": "",
+        "quantize/llama.py": "from ..tts import codec\n",  # beside it, on the same rank
+        "source/__init__.py": "",
+        "source/hub.py": "def f():\n    # lazy: a reason\n    from ..gguf import write\n\n\n"
+        "def g():\n    from ..gguf import read\n",  # said why; did not
         "pipeline/__init__.py": "",
         "pipeline/run.py": "from ..cli import _output\n",  # upward, and a private module
         "cli/__init__.py": "",
@@ -175,7 +242,16 @@ def test_the_room_checks_find_planted_violations(tmp_path):
         "moss_gguf_cli.errors → moss_gguf_cli.disk.sinks",
         "moss_gguf_cli.gguf.read → moss_gguf_cli.pipeline.run",
         "moss_gguf_cli.pipeline.run → moss_gguf_cli.cli._output",
+        "moss_gguf_cli.quantize.llama → moss_gguf_cli.tts.codec",
     ]
+    lazy = sorted(b for n, p in known.items() for b in unexplained_lazy_imports(n, p, known))
+    assert lazy == ["moss_gguf_cli.gguf.read:2 imports moss_gguf_cli.pipeline",
+                    "moss_gguf_cli.source.hub:7 imports moss_gguf_cli.gguf"]  # fmt: skip
+    assert find_cycle(room_graph(graph)) is None
+    # gguf → source → gguf: two modules each importing downward in its own eyes
+    both = {"moss_gguf_cli.gguf.read": {"moss_gguf_cli.source.hub"},
+            "moss_gguf_cli.source.hub": {"moss_gguf_cli.gguf.write"}}  # fmt: skip
+    assert find_cycle(room_graph(both)) == ["gguf", "source", "gguf"]
     private = {n: bad for n, p in known.items() if (bad := private_imports(n, p, known))}
     assert private == {
         "moss_gguf_cli.gguf.write": ["moss_gguf_cli.disk.sinks._buffer"],

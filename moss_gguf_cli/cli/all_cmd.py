@@ -10,11 +10,11 @@ from rich.table import Table
 
 from ..disk.staging import human_bytes
 from ..errors import UsageError
-from ..gguf.delay import FORMAT
-from ..pipeline.dual import run_both
-from ..pipeline.first_class import FirstClassFolder, parse_formats, run_first_class
+from ..gguf.first_class import FORMAT
+from ..pipeline.first_class import FirstClassFolder
 from ..pipeline.recipes import Recipe, load_recipe
-from ..pipeline.run import AllResult, AllSettings, run_all
+from ..pipeline.route import AllRequest, run_request
+from ..pipeline.run import AllResult, AllSettings
 from ..quantize.engines import Engine
 from ..source.audio_tokenizer import DEFAULT_REPO, parse_flag
 from ._command import command
@@ -28,7 +28,7 @@ EXAMPLES = """
 
   moss-gguf all --model OpenMOSS-Team/MOSS-TTS --output weights/MOSS-TTS-GGUF
 
-  moss-gguf all --model /path/to/MOSS-TTS --output w --quant Q4_K_M --quant Q8_0 \\
+  moss-gguf all --model /path/to/MOSS-TTS --output w --file-type Q4_K_M --file-type Q8_0 \\
       --audio-tokenizer /path/to/MOSS-Audio-Tokenizer-ONNX
 
   moss-gguf all --model OpenMOSS-Team/MOSS-TTS-GGUF --output weights/MOSS-TTS-GGUF
@@ -36,7 +36,7 @@ EXAMPLES = """
   moss-gguf all --config configs/recipes/MOSS-TTS-Q4_K_M.yaml --output weights/MOSS-TTS-Q4_K_M
 
   moss-gguf all --model OpenMOSS-Team/MOSS-TTS --output w --format moss-tts-delay \\
-      --quant Q4_K_M --quant F16
+      --file-type Q4_K_M --file-type F16
   [dim](first-class GGUFs for OpenMOSS's llama.cpp fork, llama-moss-tts)[/dim]
 
   moss-gguf all --model builtin:tiny --output w --format moss-tts-delay \\
@@ -46,7 +46,7 @@ EXAMPLES = """
   moss-gguf all --model w/moss-tts-delay_q4_k_m.gguf --output w-backend
   [dim](a first-class GGUF, folder or Hub repo read back into the layout synth speaks)[/dim]
 
-Several --quant types cost one read of the checkpoint: the direct engine writes them all in
+Several --file-type values cost one read of the checkpoint: the direct engine writes them all in
 one pass, with no intermediate GGUF on disk. --format moss-tts-delay writes the first-class
 GGUF instead (F16/BF16 are its unquantized files); with --format backend too, that folder
 goes into OUTPUT/moss-tts-delay/, both from the same read of the checkpoint. An interrupted
@@ -75,9 +75,12 @@ def all_command(
             "--config", help="A recipe YAML (configs/recipes/); flags override its keys."
         ),
     ] = None,
-    quant: Annotated[
+    file_types: Annotated[
         list[str] | None,
-        typer.Option("--quant", help="llama.cpp quant type (repeatable; default Q4_K_M)."),
+        typer.Option(
+            "--file-type", "--quant",
+            help="llama.cpp file type to quantize to (repeatable; default Q4_K_M).",
+        ),
     ] = None,
     outtype: Annotated[
         str | None,
@@ -96,7 +99,7 @@ def all_command(
     llama_cpp: LlamaCppDir = None,
     imatrix: Annotated[
         Path | None,
-        typer.Option(help="Importance matrix (llama-imatrix's .gguf or .dat) for the quant types."),
+        typer.Option(help="Importance matrix (llama-imatrix's .gguf or .dat) for the file types."),
     ] = None,
     audio_tokenizer: Annotated[
         str | None,
@@ -142,7 +145,7 @@ def all_command(
     settings = AllSettings(
         model=model,
         output=output,
-        quants=quant or r.quant or ["Q4_K_M"],
+        file_types=file_types or r.file_types or ["Q4_K_M"],
         outtype=outtype or r.outtype or "auto",
         engine=engine or r.engine or Engine.AUTO.value,
         synth=r.synth,
@@ -156,29 +159,18 @@ def all_command(
         audio_tokenizer_revision=audio_tokenizer_revision or r.audio_tokenizer_revision,
         threads=threads,
     )
-    formats = parse_formats(fmt)
-    if audio_tables_type is not None and FORMAT not in formats:
-        raise UsageError(
-            "--audio-tables-type applies to the first-class format only",
-            hint=f"add --format {FORMAT}",
-        )
-    if formats == [FORMAT]:
-        with progress_for(mode) as bar:
-            folder = run_first_class(settings, progress=bar, audio_tables=audio_tables_type)
-        _first_class_summary(folder, mode, quiet)
-        return
+    request = AllRequest(settings, fmt, audio_tables_type)
     with progress_for(mode) as bar:
-        if FORMAT in formats:  # both from one read of the checkpoint
-            result, folder = run_both(settings, progress=bar, audio_tables=audio_tables_type)
+        outcome = run_request(request, progress=bar)
+    result, folder = outcome.result, outcome.folder
+    if result is not None:
+        if not quiet:
+            _summary(result, mode)
         else:
-            result = run_all(settings, progress=bar)
-    if not quiet:
-        _summary(result, mode)
-    else:
-        typer.echo(str(result.config))
-    if FORMAT in formats:
+            typer.echo(str(result.config))
+    if folder is not None:
         _first_class_summary(folder, mode, quiet)
-    if not result.speaks:
+    if result is not None and not result.speaks:
         # the last line, also with --quiet: the folder is complete but cannot speak yet
         stdout.print(
             "no audio tokenizer: this folder cannot speak yet; add one with: "

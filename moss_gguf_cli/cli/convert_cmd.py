@@ -9,7 +9,7 @@ import typer
 
 from ..disk.staging import human_bytes
 from ..errors import UsageError
-from ..gguf.delay import FORMAT
+from ..gguf.first_class import FORMAT
 from ..pipeline.convert import convert
 from ..pipeline.first_class import convert_first_class, parse_formats
 from ..source.checkpoint import BUILTIN_PREFIX, resolve_model

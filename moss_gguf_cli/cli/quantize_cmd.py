@@ -12,8 +12,9 @@ from rich.table import Table
 from ..disk.staging import human_bytes
 from ..doctor import preflight, quantize_bytes
 from ..errors import UsageError
+from ..gguf.file_types import parse_file_type
 from ..quantize.engines import Engine
-from ..quantize.llama import QuantizeSettings, parse_file_type, plan_quantize, quantize
+from ..quantize.llama import QuantizeSettings, plan_quantize, quantize
 from ._command import command
 from ._options import Force, LlamaCppDir, Quiet, Verbose
 from ._output import OutputMode, info, progress_for, setup_logging, stderr
@@ -58,9 +59,11 @@ def quantize_command(
             show_default=False,
         ),
     ] = None,
-    type_: Annotated[
+    file_types: Annotated[
         list[str] | None,
-        typer.Option("--type", "-t", help="Quantization type; repeat for several outputs."),
+        typer.Option(
+            "--type", "-t", "--file-type", help="The file type; repeat for several outputs."
+        ),
     ] = None,
     output_dir: Annotated[
         Path | None,
@@ -100,7 +103,7 @@ def quantize_command(
 ) -> None:
     mode = OutputMode(quiet=quiet, verbose=verbose)
     setup_logging(mode)
-    output, types = _split_args(args or [], type_ or [])
+    output, types = _split_args(args or [], file_types or [])
     kw = dict(
         engine=engine, llama_cpp=llama_cpp, imatrix=imatrix, threads=threads, pure=pure,
         token_embedding_type=token_embedding_type, output_tensor_type=output_tensor_type,

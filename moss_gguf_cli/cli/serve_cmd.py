@@ -100,7 +100,7 @@ def serve_command(
 
 def _server():
     """run_server, or a one-line error naming the extra when its packages are missing."""
-    try:
+    try:  # lazy: the serve extra may be missing, and that is one line naming it
         from ..serve.server import run_server
     except ImportError as exc:
         top = (exc.name or "").split(".")[0]

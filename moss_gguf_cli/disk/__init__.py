@@ -3,6 +3,6 @@
 cache once read (page_cache), digests of files already hashed and checked (digests), and the
 names of the folders and files moss-gguf writes (layout_names).
 
-May import: native/ (its own tier) and the top level (errors, progress, report,
-hold_points) only.
+May import: the top level (errors, progress, report, hold_points) only (rank 1; native/ is beside
+it, never imported).
 """

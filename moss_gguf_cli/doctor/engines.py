@@ -9,7 +9,7 @@ from pathlib import Path
 from ..errors import MossGgufError, ToolError
 from ..native import libllama
 from ..native import llama_tools as lc
-from ..quantize.engines import Engine
+from ..quantize.engines import Engine, choose_engine
 from ..report import FAIL, PASS, WARN, CheckRow
 from .environment import cpu_fit_row, cpu_info, dist_version, error_row
 from .runtime import PORTABLE_BUILD_FIX, ProbeResult, signal_name, write_probe_gguf
@@ -25,8 +25,6 @@ TREE_PORTABLE_FIX = (
 
 def resolve_engine(engine: Engine | str, llama_cpp: Path | None) -> tuple[str, Path | None]:
     """Which engine `quantize --engine ENGINE` would use, and its binary: quantize's own rules."""
-    from ..quantize.engines import choose_engine
-
     choice = choose_engine(engine, llama_cpp, checkpoint=False)
     return choice.engine.value, choice.binary
 

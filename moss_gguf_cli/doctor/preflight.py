@@ -14,7 +14,8 @@ from typing import Any
 from ..disk.staging import human_bytes
 from ..errors import OutputError, ToolError
 from ..native import llama_tools as lc
-from ..quantize.engines import Engine, checked_as
+from ..quantize.engines import Engine, checked_as, direct_unavailable
+from ..quantize.llama import APPROX_BPW
 from ..report import FAIL, PASS, WARN, CheckRow
 from .engines import resolve_engine
 from .environment import REAL_MODEL_REPO, model_cached
@@ -45,7 +46,7 @@ class DiskPlan:
     backbone_params: int
     source: int  # bf16 checkpoint in the Hub cache
     intermediate: int  # f16 GGUF in the work folder (0: the direct engine writes none)
-    quantized: dict[str, int]  # per quant type
+    quantized: dict[str, int]  # per file type
     tables: int  # f16 .npy embeddings and heads
     margin: int = 64 << 20
 
@@ -56,21 +57,19 @@ class DiskPlan:
         return self.tables + self.intermediate + sum(self.quantized.values()) + self.margin
 
     def describe(self) -> str:
-        quants = " + ".join(f"{q} {human_bytes(b)}" for q, b in self.quantized.items())
+        file_types = " + ".join(f"{q} {human_bytes(b)}" for q, b in self.quantized.items())
         between = (
             f"f16 GGUF {human_bytes(self.intermediate)} + " if self.intermediate
             else "no f16 GGUF (the direct engine) + "
         )  # fmt: skip
-        return f"tables {human_bytes(self.tables)} + {between}{quants}"
+        return f"tables {human_bytes(self.tables)} + {between}{file_types}"
 
 
 def model_plan(
-    dims: dict[str, Any], quants: tuple[str, ...] = ("Q4_K_M",), direct: bool = False
+    dims: dict[str, Any], file_types: tuple[str, ...] = ("Q4_K_M",), direct: bool = False
 ) -> DiskPlan:
     """Bytes of each part `all` writes for a MOSS model of these dims (see REAL_MODEL);
     direct: quantized straight from the checkpoint, with no f16 GGUF between."""
-    from ..quantize.llama import APPROX_BPW  # the bits per weight `all` plans its own disk with
-
     h, f, d = dims["hidden"], dims["intermediate"], dims["head_dim"]
     q, kv = dims["heads"] * d, dims["kv_heads"] * d
     per_layer = h * q + 2 * h * kv + q * h + 3 * h * f + 2 * h + 2 * d
@@ -81,21 +80,19 @@ def model_plan(
         backbone_params=backbone,
         source=2 * (backbone + audio),
         intermediate=0 if direct else 2 * backbone,
-        quantized={t: int(backbone * APPROX_BPW.get(t.upper(), 16) / 8) for t in quants},
+        quantized={t: int(backbone * APPROX_BPW.get(t.upper(), 16) / 8) for t in file_types},
         tables=2 * (2 * text + audio),
     )
 
 
 def real_model_plan(
-    quants: tuple[str, ...] = ("Q4_K_M",), direct: bool | None = None
+    file_types: tuple[str, ...] = ("Q4_K_M",), direct: bool | None = None
 ) -> DiskPlan:
     """What `all --model OpenMOSS-Team/MOSS-TTS` needs, from the dims of docs/ARCHITECTURE.md §1;
     direct None: with the engine `all` would pick here (direct where it runs)."""
     if direct is None:
-        from ..quantize.engines import direct_unavailable
-
         direct = direct_unavailable() is None
-    return model_plan(REAL_MODEL, quants, direct)
+    return model_plan(REAL_MODEL, file_types, direct)
 
 
 def _existing(path: Path) -> Path:
@@ -222,7 +219,5 @@ def preflight(
 
 def quantize_bytes(n_elements: int, file_types: list[str]) -> int:
     """Rough output bytes of quantizing n_elements weights to each type (for pre-flight)."""
-    from ..quantize.llama import APPROX_BPW
-
     margin = 16 << 20  # header and vocabulary: ~7 MB for the real 155k-token one
     return int(sum(n_elements * APPROX_BPW.get(t.upper(), 16) / 8 for t in file_types)) + margin

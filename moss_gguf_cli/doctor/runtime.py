@@ -29,7 +29,10 @@ from ..errors import MossGgufError
 from ..native import libllama
 from ..native import llama_tools as lc
 from ..native.cpu_features import REINSTALL_HINT
+from ..quantize.engines import Engine
+from ..quantize.llama import quantize
 from ..report import FAIL, PASS, WARN
+from ..source.tiny import cache_root
 from .environment import cpu_id, cpu_info, dist_version, one_line
 
 log = logging.getLogger(__name__)
@@ -48,7 +51,7 @@ PROBE_VERSION = 1  # bump when the probe changes what it checks
 PROBE_TIMEOUT_S = 180
 
 
-PROBE_QUANTS = ("Q8_0", "Q4_K_M")
+PROBE_FILE_TYPES = ("Q8_0", "Q4_K_M")
 
 
 # hidden states of a quantized model against the f16 one: far below means wrong numbers
@@ -117,8 +120,6 @@ def probe_key() -> dict[str, Any] | None:
 
 def probe_cache_path(key: dict[str, Any]) -> Path:
     """Where the probe result of this build is kept, under the moss-gguf cache."""
-    from ..source.tiny import cache_root
-
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     return cache_root() / "doctor" / f"llama-runtime-{digest}.json"
 
@@ -304,7 +305,7 @@ def interpret_probe(
         shown = ", ".join(f"{k} {v:.4f}" for k, v in cos.items())
         return ProbeResult(
             PASS,
-            f"f16, {' and '.join(PROBE_QUANTS)} of a tiny Qwen3 quantized by libllama and "
+            f"f16, {' and '.join(PROBE_FILE_TYPES)} of a tiny Qwen3 quantized by libllama and "
             f"decoded from {PROBE_ROWS} embedding rows; hidden-state cosine to f16: {shown}",
             stage=stage,
             returncode=returncode,
@@ -515,8 +516,6 @@ def probe_child_main(workdir: str | Path) -> int:
             llama_cpp.llama_backend_init()
         except Exception as exc:  # noqa: BLE001 - a broken install raises anything
             return finish({"ok": False, "kind": "missing", "error": one_line(exc)}, 5)
-        from ..quantize.engines import Engine
-        from ..quantize.llama import quantize
 
         current = "writing the f16 probe GGUF"
         stage(current)
@@ -527,7 +526,7 @@ def probe_child_main(workdir: str | Path) -> int:
         stage(current)
         base = _decode_rows(llama_cpp, f16, rows)
         cosine: dict[str, float] = {}
-        for qtype in PROBE_QUANTS:
+        for qtype in PROBE_FILE_TYPES:
             current = f"quantizing to {qtype} (libllama)"
             stage(current)
             out = workdir / f"probe_{qtype.lower()}.gguf"

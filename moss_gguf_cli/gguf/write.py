@@ -207,7 +207,7 @@ _BLOCK_TENSORS = (
 )
 
 
-def plan_tensors(
+def plan_backbone_tensors(
     hp: Qwen3Params,
     sources: dict[str, SourceTensor],
     outtype: OutType,

@@ -29,8 +29,15 @@ from ..errors import OutputError, ToolError, UsageError
 from ..gguf.write import (
     GGUFTensor,
     OutType,
-    plan_tensors,
+    plan_backbone_tensors,
     write_gguf,
+)
+from ..native.llama_tools import (
+    CONVERT_SCRIPT,
+    GET_SCRIPT_HINT,
+    find_llama_cpp,
+    last_lines,
+    run_streaming,
 )
 from ..progress import ProgressReporter, ensure
 from ..source.backbone import Backbone, open_backbone, plan_native
@@ -117,7 +124,7 @@ def convert(
     outfile = Path(outfile)
     _check_outfile(outfile, force)
     backbone = open_backbone(input)
-    tensors = plan_tensors(backbone.params, backbone.tensors, out_type, backbone.root)
+    tensors = plan_backbone_tensors(backbone.params, backbone.tensors, out_type, backbone.root)
     if eng is Converter.NATIVE:
         plan = plan_native(backbone, out_type, tensors)
         with staged_file(outfile, force=force) as tmp:
@@ -145,8 +152,6 @@ def convert(
 
 def locate_converter(llama_cpp: Path | str | None) -> tuple[Path, Path | None]:
     """(convert_hf_to_gguf.py, the tree's gguf-py or None) from DIR or $LLAMA_CPP_DIR."""
-    from ..native.llama_tools import CONVERT_SCRIPT, GET_SCRIPT_HINT, find_llama_cpp
-
     tree = find_llama_cpp(llama_cpp)
     if tree is None or tree.root is None:
         raise ToolError(
@@ -273,8 +278,6 @@ def run_converter(
     progress: ProgressReporter | None = None,
 ) -> dict[str, int]:
     """Run convert_hf_to_gguf.py on model_dir; returns the tensor type counts it reported."""
-    from ..native.llama_tools import last_lines, run_streaming
-
     parser = ConverterLogParser(ensure(progress), n_tensors, total_bytes)
     cmd = build_convert_cmd(script, model_dir, outfile, outtype.value)
     result = run_streaming(cmd, parser.feed, env=converter_env(gguf_py), tail_lines=60)

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from ..disk.staging import check_target
 from ..errors import OutputError
-from ..gguf.delay import FORMAT, parse_audio_tables_type
+from ..gguf.file_types import parse_file_type
+from ..gguf.first_class import FORMAT, parse_audio_tables_type
 from ..progress import ProgressReporter, ensure
 from ..quantize.engines import Companion
 from .first_class import (
@@ -73,17 +74,16 @@ def prepare_handoff(
 ) -> Companion | None:
     """What the backend pass should also write (None: nothing): the first-class folder
     complete already (made from these inputs, or refused), or GGUFs it cannot take."""
-    from ..quantize.llama import parse_file_type
-
-    quants = [parse_file_type(q) for q in sub.quants] or ["Q4_K_M"]
-    names = gguf_names(quants)
+    file_types = [parse_file_type(q) for q in sub.file_types] or ["Q4_K_M"]
+    names = gguf_names(file_types)
     made_from = first_class_made_from(sub, model)
     if not sub.force and folder_complete(sub.output, names, audio_tables):
         refuse_other(sub.output, manifest_made_from(sub.output), made_from)
         return None
     check_target(sub.output, sub.force)  # someone else's folder: refused before the pass
-    floats = [q for q in quants if q in FLOAT_TYPES]
-    quantized = [(handoff / n, q) for n, q in zip(names, quants, strict=True) if q not in floats]
+    floats = [q for q in file_types if q in FLOAT_TYPES]
+    pairs = zip(names, file_types, strict=True)
+    quantized = [(handoff / n, q) for n, q in pairs if q not in floats]
     if not quantized or len(floats) > 1 or (floats and floats[0].lower() != sub.outtype):
         return None  # the first-class folder reads the checkpoint itself
     tables = audio_tables.strip().lower() if audio_tables else None

@@ -33,7 +33,7 @@ from ..hold_points import hold
 from ..progress import ProgressReporter, ensure
 from ..source.backbone import backbone_config
 from ..source.checkpoint import MossCheckpoint, TensorRef, as_checkpoint
-from ..source.safetensors_io import PlannedTensor, write_streaming
+from ..source.safetensors_io import PlannedTensor, to_f32, write_streaming
 from ..source.tables import NpyJob, npy_jobs
 
 log = logging.getLogger(__name__)
@@ -241,8 +241,6 @@ def _stream_cast(
 
 
 def _raise_nonfinite(ref: TensorRef, raw: np.ndarray, dtype: str) -> None:
-    from ..source.safetensors_io import to_f32
-
     if not np.isfinite(to_f32(raw, ref.dtype)).all():
         raise NumericError(
             f"tensor {ref.name!r} holds NaN or Inf in the source",

@@ -1,6 +1,6 @@
 """Writing the first-class `moss-tts-delay` format: `convert --format` and `all --format`.
 
-A first-class folder holds the GGUF(s) of gguf/delay.py, the tokenizer, the ONNX audio
+A first-class folder holds the GGUF(s) of gguf/first_class.py, the tokenizer, the ONNX audio
 tokenizer, `manifest.json` and a README.md with the commands that run it with OpenMOSS's
 llama.cpp fork. Quantized files come from the direct engine (quantize/direct.py): one read of
 the checkpoint for every type, and the f16/bf16 file itself when it is asked for too.
@@ -24,12 +24,17 @@ from ..disk.layout_names import MANIFEST_NAME, TOKENIZER_DIR
 from ..disk.page_cache import SourcePages
 from ..disk.staging import Staging, check_free_space, staged_file
 from ..errors import UsageError
-from ..gguf.delay import FORMAT, parse_audio_tables_type, plan_delay
+from ..gguf.file_types import parse_file_type
+from ..gguf.first_class import FILE_STEM, FORMAT, parse_audio_tables_type
+from ..gguf.first_class_read import check_first_class
 from ..gguf.write import OutType, write_gguf
 from ..progress import ProgressReporter, ensure
+from ..quantize.llama import QuantizeSettings
 from ..source.audio_tokenizer import AudioTokenizer
 from ..source.audio_tokenizer import default_source as default_codec
-from ..source.checkpoint import TOKENIZER_FILES
+from ..source.audio_tokenizer import resolve as resolve_codec
+from ..source.checkpoint import TOKENIZER_FILES, open_checkpoint, resolve_model
+from ..source.first_class import plan_first_class
 from .layout import audio_tokenizer_files, gguf_file_type
 from .made_from import MadeFrom, manifest_made_from, refuse_other, source_identity
 
@@ -37,7 +42,6 @@ log = logging.getLogger(__name__)
 
 BACKEND = "backend"
 FORMATS = (BACKEND, FORMAT)
-STEM = "moss-tts-delay"  # the GGUF file names: moss-tts-delay_q4_k_m.gguf, moss-tts-delay_f16.gguf
 README_NAME = "README.md"
 # the fork the format is read by, and the commit its byte identity was checked against
 FORK = "https://github.com/expectqwq/llama.cpp"
@@ -78,7 +82,7 @@ def convert_first_class(
     """The checkpoint as one moss-tts-delay GGUF in f16/bf16/f32/q8_0, as the fork's
     convert_hf_to_gguf.py writes it."""
     started = time.perf_counter()
-    plan = plan_delay(Path(model), outtype)
+    plan = plan_first_class(Path(model), outtype)
     with staged_file(Path(outfile), force=force) as tmp:
         check_free_space(tmp.parent, plan.tensor_bytes + (64 << 20), Path(outfile))
         size = write_gguf(tmp, plan, progress, pages)
@@ -89,9 +93,9 @@ def convert_first_class(
     )  # fmt: skip
 
 
-def gguf_names(quants: list[str]) -> list[str]:
+def gguf_names(file_types: list[str]) -> list[str]:
     """The folder's GGUF file names, one per requested type (F16/BF16: the unquantized file)."""
-    return [f"{STEM}_{q.lower()}.gguf" for q in quants]
+    return [f"{FILE_STEM}_{q.lower()}.gguf" for q in file_types]
 
 
 @dataclass
@@ -106,7 +110,7 @@ class FirstClassFolder:
 def write_first_class(
     model: Path,
     output: Path,
-    quants: list[str],
+    file_types: list[str],
     outtype: str,
     codec: AudioTokenizer | None,
     source_model: str,
@@ -123,14 +127,14 @@ def write_first_class(
     started = time.perf_counter()
     bar = ensure(progress)
     notes: list[str] = []
-    floats = [q for q in quants if q in FLOAT_TYPES]
+    floats = [q for q in file_types if q in FLOAT_TYPES]
     if len(floats) > 1:
         raise UsageError("F16 and BF16 both asked for", hint="keep one of them")
     if floats:
         outtype = floats[0].lower()  # the unquantized file is the intermediate itself
     with Staging(Path(output), force=force) as stage:
-        if not _take_handoff(handoff, stage.path, gguf_names(quants)):
-            notes = _write_ggufs(model, stage.path, quants, outtype, threads, bar, audio_tables)
+        if not _take_handoff(handoff, stage.path, gguf_names(file_types)):
+            notes = _write_ggufs(model, stage.path, file_types, outtype, threads, bar, audio_tables)
         ck_tokenizer = [Path(model) / n for n in TOKENIZER_FILES if (Path(model) / n).is_file()]
         (stage.path / TOKENIZER_DIR).mkdir()
         for src in ck_tokenizer:
@@ -138,7 +142,7 @@ def write_first_class(
         if codec is not None:
             for item in audio_tokenizer_files(codec):
                 _link_or_copy(item.source, stage.path / item.rel)
-        names = gguf_names(quants)
+        names = gguf_names(file_types)
         (stage.path / README_NAME).write_text(readme(names, codec is not None))
         tables = audio_tables.strip().lower() if audio_tables else None
         files = _manifest(stage.path, names, codec, source_model, tables, made_from)
@@ -150,20 +154,20 @@ def write_first_class(
 
 
 def _write_ggufs(
-    model: Path, folder: Path, quants: list[str], outtype: str, threads, bar, audio_tables
+    model: Path, folder: Path, file_types: list[str], outtype: str, threads, bar, audio_tables
 ) -> list[str]:
     """Every requested type into folder: the quantized ones from one read by the direct
     engine, which also writes the f16/bf16 file when that is asked for."""
-    from ..quantize.direct import quantize_checkpoint
-    from ..quantize.llama import QuantizeSettings
-
-    quantized = [(folder / n, q) for n, q in zip(gguf_names(quants), quants, strict=True)
+    quantized = [(folder / n, q) for n, q in zip(gguf_names(file_types), file_types, strict=True)
                  if q not in FLOAT_TYPES]  # fmt: skip
-    wants_float = len(quantized) < len(quants)
+    wants_float = len(quantized) < len(file_types)
     if not quantized:
         kind = outtype if outtype != "auto" else "f16"
-        convert_first_class(model, folder / f"{STEM}_{kind}.gguf", kind, True, bar)
+        convert_first_class(model, folder / f"{FILE_STEM}_{kind}.gguf", kind, True, bar)
         return []
+    # lazy: quantize.direct loads ml_dtypes (half a second): only a run that quantizes pays it
+    from ..quantize.direct import quantize_checkpoint
+
     done = quantize_checkpoint(
         Path(model), quantized, outtype, QuantizeSettings(threads=threads), None, folder,
         keep_intermediate=wants_float, force=True, progress=bar, first_class=True,
@@ -281,18 +285,13 @@ def run_first_class(
     found complete: a rerun only checks it), every GGUF in it checked. ``audio_tables``:
     --audio-tables-type (f16, bf16 or q8_0 tables in the quantized files); ``handoff``: a
     folder that may hold the GGUFs already (pipeline/dual.py)."""
-    from ..gguf.delay_read import check_first_class
-    from ..quantize.llama import parse_file_type
-    from ..source.audio_tokenizer import resolve as resolve_codec
-    from ..source.checkpoint import open_checkpoint, resolve_model
-
     bar = ensure(progress)
     output = Path(settings.output)
-    quants = [parse_file_type(q) for q in settings.quants] or ["Q4_K_M"]
+    file_types = [parse_file_type(q) for q in settings.file_types] or ["Q4_K_M"]
     check_first_class_settings(settings)
     parse_audio_tables_type(audio_tables)  # a bad value fails before any work
     started = time.perf_counter()
-    names = gguf_names(quants)
+    names = gguf_names(file_types)
     model = resolve_model(settings.model, settings.revision, settings.cache_dir, bar)
     made_from = first_class_made_from(settings, model)
     if not settings.force and folder_complete(output, names, audio_tables):
@@ -310,7 +309,7 @@ def run_first_class(
             progress=bar,
         )  # fmt: skip
         folder = write_first_class(
-            model, output, quants, settings.outtype, codec, settings.model,
+            model, output, file_types, settings.outtype, codec, settings.model,
             threads=settings.threads, force=settings.force, progress=bar,
             audio_tables=audio_tables, made_from=made_from, handoff=handoff,
         )  # fmt: skip

@@ -2,7 +2,7 @@
 
 The model is a first-class file, a folder holding one (as `all --format moss-tts-delay` writes
 it) or a Hub repo holding one (listed, downloaded and checked by source/hub.py). The file is
-checked (gguf/delay_read.check_first_class: one line naming it when it is broken), then taken
+checked (gguf/first_class_read.check_first_class: one line naming it when it is broken), then taken
 apart into a work folder: the backbone tensors' bytes as they are under a qwen3 header (the keys
 `convert` writes, the tokenizer keys read from the tokenizer folder beside it), the 2 + 2 x n_vq
 tables as f16 .npy (exact for F16, rounded for BF16/F32, dequantized for a quantized type; the
@@ -23,8 +23,9 @@ import numpy as np
 from .. import __version__
 from ..disk.layout_names import EMBEDDING_DIR, LM_HEAD_DIR, META_NAME, TOKENIZER_DIR
 from ..errors import InputError, UsageError
-from ..gguf.delay import ARCH_NAME, AUDIO_EMBD
-from ..gguf.delay_read import (
+from ..gguf.file_types import file_type_table, parse_file_type
+from ..gguf.first_class import ARCH_NAME, AUDIO_EMBD
+from ..gguf.first_class_read import (
     EXACT_TYPES,
     FirstClassFacts,
     backbone_plan,
@@ -37,7 +38,7 @@ from ..gguf.read import GgufFormatError, read_gguf
 from ..gguf.vocab import read_vocab
 from ..gguf.write import Qwen3Params
 from ..progress import ProgressReporter, ensure
-from ..source.checkpoint import TOKENIZER_FILES
+from ..source.checkpoint import TOKENIZER_FILES, variant_name
 from ..source.hub import check_files, download, is_repo_id, list_files
 from ..source.preconverted import file_type_of, gguf_language_config
 from .layout import Placement
@@ -45,7 +46,7 @@ from .made_from import folder_identity
 
 # tokenizer.ggml.* id key → the config key gguf's SpecialVocab reads it from
 _ID_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "padding": "pad_token_id"}
-DEFAULT_QUANT = "Q4_K_M"  # all's --quant default
+DEFAULT_FILE_TYPE = "Q4_K_M"  # all's --quant default
 _MOSS_IDS = (
     "audio_start_token_id", "audio_end_token_id", "audio_user_slot_token_id",
     "audio_assistant_gen_slot_token_id", "audio_assistant_delay_slot_token_id",
@@ -76,21 +77,19 @@ def is_first_class(path: Path) -> bool:
     return g.arch == ARCH_NAME and any(n.startswith(f"{AUDIO_EMBD}.") for n in g.tensors)
 
 
-def _choose(model: str, ggufs: list[str], quants: list[str]) -> str:
+def _choose(model: str, ggufs: list[str], file_types: list[str]) -> str:
     """The one GGUF of the model the run reads: the --quant type its name says; with the
     default --quant (Q4_K_M) and one file, that file, whatever its type."""
-    from ..quantize.llama import file_types, parse_file_type
-
-    if len(quants) > 1:
+    if len(file_types) > 1:
         raise UsageError(
             f"{model} is one first-class GGUF per type; pass one --quant",
             hint="run `all` once per type",
         )
-    by_type = {file_type_of(Path(g).name, list(file_types())): g for g in ggufs}
-    wanted = parse_file_type(quants[0]) if quants else DEFAULT_QUANT
+    by_type = {file_type_of(Path(g).name, list(file_type_table())): g for g in ggufs}
+    wanted = parse_file_type(file_types[0]) if file_types else DEFAULT_FILE_TYPE
     if wanted in by_type:
         return by_type[wanted]
-    if len(ggufs) == 1 and wanted == DEFAULT_QUANT:
+    if len(ggufs) == 1 and wanted == DEFAULT_FILE_TYPE:
         return ggufs[0]
     have = ", ".join(sorted(t for t in by_type if t)) or "no type in its names"
     raise UsageError(f"{model} has no {wanted} first-class GGUF ({have})",
@@ -111,7 +110,7 @@ def _tokenizer_beside(gguf: Path) -> Path:
 
 def find_first_class(
     model: str,
-    quants: list[str],
+    file_types: list[str],
     revision: str | None = None,
     cache_dir: Path | None = None,
     progress: ProgressReporter | None = None,
@@ -130,17 +129,17 @@ def find_first_class(
         ggufs = sorted(p.name for p in path.glob("*.gguf") if is_first_class(p))
         if not ggufs:
             return None
-        gguf = path / _choose(model, ggufs, quants)
+        gguf = path / _choose(model, ggufs, file_types)
         check_first_class(gguf)
         source = folder_identity(path, [gguf.name])
         return FirstClassInput(model, gguf, _tokenizer_beside(gguf), source, "local folder", {})
     if is_repo_id(model) and not path.exists():
-        return _from_hub(model, quants, revision, cache_dir, progress)
+        return _from_hub(model, file_types, revision, cache_dir, progress)
     return None
 
 
 def _from_hub(
-    model: str, quants: list[str], revision: str | None, cache_dir: Path | None, progress
+    model: str, file_types: list[str], revision: str | None, cache_dir: Path | None, progress
 ) -> FirstClassInput | None:
     """A Hub repo whose GGUFs are first-class: the chosen one and the tokenizer, downloaded and
     checked against the Hub's listing (hub.py)."""
@@ -155,7 +154,7 @@ def _from_hub(
     named = [g for g in ggufs if ARCH_NAME in g.lower()]
     if not named:
         return None
-    gguf = _choose(model, named, quants)
+    gguf = _choose(model, named, file_types)
     tok = [f"{TOKENIZER_DIR}/{n}" for n in TOKENIZER_FILES if f"{TOKENIZER_DIR}/{n}" in files]
     if f"{TOKENIZER_DIR}/tokenizer.json" not in tok:
         raise InputError(f"{model} has no {TOKENIZER_DIR}/tokenizer.json beside {gguf}",
@@ -214,7 +213,9 @@ def unpack(fc: FirstClassInput, output: Path, progress: ProgressReporter | None 
         params = Qwen3Params.from_config(lang, fc.gguf)
         vocab = read_vocab(fc.tokenizer, lang, params.vocab)
         name = backbone_name(facts)
-        write_backbone(backbone_plan(facts, params, vocab), work / name)
+        # convert's general.name: '<variant> backbone'
+        title = f"{variant_name({'n_vq': facts.n_vq})} backbone"
+        write_backbone(backbone_plan(facts, params, vocab, title), work / name)
         types = _write_tables(facts, work, bar)
         meta = first_class_meta(fc, facts, lang, types)
         (work / META_NAME).write_text(json.dumps(meta, indent=2) + "\n")

@@ -34,6 +34,7 @@ from ..disk.layout_names import (
 )
 from ..disk.staging import Staging, check_free_space
 from ..errors import InputError, UsageError
+from ..gguf.read import inspect_gguf  # GGUFReader would parse every token string
 from ..hold_points import hold
 from ..progress import ProgressReporter, ensure
 from ..source.audio_tokenizer import AudioTokenizer, open_folder
@@ -190,7 +191,6 @@ def gguf_file_type(path: Path) -> str | None:
     """The GGUF's llama.cpp file type name (e.g. MOSTLY_Q4_K_M), or None if unreadable."""
     import gguf
 
-    from ..gguf.read import inspect_gguf  # GGUFReader would parse every token string
 
     try:
         value = inspect_gguf(path).file_type

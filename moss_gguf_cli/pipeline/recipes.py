@@ -1,8 +1,8 @@
 """Conversion recipes: a YAML that `all --config FILE` runs, so a published conversion repeats.
 
-A recipe names the model, the quant types, the intermediate type, the codec and the synth
-settings the folder's ``moss-tts.yaml`` gets (``configs/recipes/`` holds one per supported
-variant and quant). Flags given on the command line override the file's keys.
+A recipe names the model, the file types (its key `quant`), the intermediate type, the codec
+and the synth settings the folder's ``moss-tts.yaml`` gets (``configs/recipes/`` holds one
+per supported variant and file type). Flags given on the command line override the file's keys.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class Recipe:
     path: Path
     model: str | None = None
     revision: str | None = None
-    quant: list[str] = field(default_factory=list)
+    file_types: list[str] = field(default_factory=list)  # the YAML's key: quant
     outtype: str | None = None
     engine: str | None = None
     audio_tokenizer: str | None = None
@@ -67,6 +67,7 @@ def load_recipe(path: Path) -> Recipe:
             raise UsageError(f"recipe key {key} has the wrong type ({value!r})", path=path)
         if key == "quant":
             value = [value] if isinstance(value, str) else [str(v) for v in value]
+            key = "file_types"
         setattr(recipe, key, value)
     unknown = sorted(set(recipe.synth) - set(SYNTH_DEFAULTS))
     if unknown:

@@ -8,7 +8,8 @@ intermediate safetensors copy is written unless asked for.
 
 `run_all` reads top to bottom: resolve the settings (checks and pre-flight, in the
 order that fails fastest), run the steps of `pipeline.steps` in order, finish (the work
-folder removed or kept). Pre-converted weights take `run_preconverted` instead.
+folder removed or kept). Pre-converted weights take `run_preconverted` instead, a first-class
+GGUF `run_from_first_class`: pipeline/route.py chooses, once.
 """
 
 from __future__ import annotations
@@ -27,19 +28,21 @@ import numpy as np
 from ..disk.digests import HashRecord
 from ..disk.layout_names import AUDIO_TOKENIZER_DIR, CONFIG_NAME, MANIFEST_NAME, META_NAME
 from ..disk.staging import human_bytes
+from ..doctor import preflight
 from ..errors import InputError, OutputError, UsageError
+from ..gguf.file_types import parse_file_type
 from ..progress import ProgressReporter, ensure
 from ..quantize.engines import Companion, Quantizer, choose_engine, parse_engine
-from ..quantize.llama import APPROX_BPW
+from ..quantize.llama import APPROX_BPW, LlamaQuantizer, output_name
 from ..source.audio_tokenizer import AudioTokenizer
 from ..source.audio_tokenizer import default_source as default_codec
 from ..source.audio_tokenizer import resolve as resolve_codec
 from ..source.checkpoint import MossCheckpoint, as_checkpoint, open_checkpoint, resolve_model
 from ..source.hub import is_repo_id
 from ..source.hub import locate as locate_repo
-from ..source.preconverted import GgufRepo, choose, derive_meta, fetch, recognise, write_meta
+from ..source.preconverted import GgufRepo, choose, derive_meta, fetch, write_meta
 from ..source.tables import npy_jobs
-from .from_first_class import FirstClassInput, find_first_class, unpack
+from .from_first_class import FirstClassInput, unpack
 from .layout import Placement, arrange, audio_tokenizer_files
 from .made_from import (
     RECORD_NAME,
@@ -105,7 +108,8 @@ def plan_bytes(
     backbone_params = sum(int(np.prod(r.shape)) for _, r in ck.backbone_tensors())
     tables = sum(int(np.prod(j.source.shape)) * 2 for j in npy_jobs(ck))
     intermediate = 0 if direct and not settings.keep_intermediate else backbone_params * 2
-    quantized = sum(backbone_params * APPROX_BPW.get(q.upper(), 16) / 8 for q in settings.quants)
+    bpw = [APPROX_BPW.get(t.upper(), 16) for t in settings.file_types]
+    quantized = sum(backbone_params * b / 8 for b in bpw)
     kept = sum(r.nbytes for _, r in ck.backbone_tensors()) if settings.keep_intermediate else 0
     return int(tables + intermediate + quantized + kept) + (64 << 20)
 
@@ -130,19 +134,11 @@ def run_all(
     on_step: Callable[[str, int], None] | None = None,
     also: Callable[[Path], Companion | None] | None = None,
 ) -> AllResult:
-    """Run every step that is not already complete; return what was made and how long it took.
+    """The backend folder from a MOSS checkpoint: run every step that is not already complete;
+    return what was made and how long it took (pipeline/route.py chose this route).
     ``also``: given the model's folder once it is resolved (before any work), the first-class
     GGUFs the direct engine is to write in the same read as the backbone's (pipeline/dual.py)."""
     bar = ensure(progress)
-    if not settings.model.startswith("builtin:"):
-        first = find_first_class(
-            settings.model, settings.quants, settings.revision, settings.cache_dir, bar
-        )
-        if first is not None:
-            return run_from_first_class(settings, first, bar)
-        repo = recognise(settings.model, settings.revision, settings.cache_dir)
-        if repo is not None:
-            return run_preconverted(settings, repo, bar)
     ctx = _resolve(settings, bar, on_step, also)
     _run_steps(ctx)
     return _finish(ctx)
@@ -162,17 +158,17 @@ def _resolve(
     model fetched and its checkpoint opened (once: every step takes it from the context), the
     engine chosen, what the output and the work folder already hold, the disk. Up front, so
     that a run that cannot finish stops before its long work."""
+    # lazy: quantize.direct loads ml_dtypes (half a second): only a run that quantizes pays it
     from ..quantize.direct import DirectQuantizer
-    from ..quantize.llama import LlamaQuantizer, output_name
 
     output = Path(settings.output)
-    quants = _check_settings(settings)
+    file_types = _check_settings(settings)
     work = work_dir(output)
     if settings.force:
         shutil.rmtree(work, ignore_errors=True)
     is_tiny = settings.model.startswith("builtin:")
     locate_model(settings.model, settings.revision, settings.cache_dir)
-    ggufs = [work / output_name(Path("backbone_f16.gguf"), q) for q in quants]
+    ggufs = [work / output_name(Path("backbone_f16.gguf"), q) for q in file_types]
     layout_done = not settings.force and _layout_complete(output, [g.name for g in ggufs])
     codec = checkpoint = None
     if not layout_done:
@@ -203,7 +199,7 @@ def _resolve(
         work.mkdir(parents=True, exist_ok=True)
         write_record(work / RECORD_NAME, made_from)
     return RunContext(
-        settings, bar, on_step, output, work, quants, ggufs, checkpoint, codec, quantizer,
+        settings, bar, on_step, output, work, file_types, ggufs, checkpoint, codec, quantizer,
         layout_done, made_from, companion,
     )  # fmt: skip
 
@@ -255,23 +251,19 @@ def locate_model(model: str, revision: str | None, cache_dir: Path | None) -> No
 
 
 def _check_settings(settings: AllSettings) -> list[str]:
-    """What a run refuses before it looks at anything; the canonical quant type names."""
-    from ..quantize.llama import parse_file_type
-
-    quants = [parse_file_type(q) for q in settings.quants] or ["Q4_K_M"]
+    """What a run refuses before it looks at anything; the canonical file type names."""
+    file_types = [parse_file_type(q) for q in settings.file_types] or ["Q4_K_M"]
     if settings.outtype not in ("auto", "f16", "bf16"):
         raise UsageError(f"unknown --outtype {settings.outtype!r}", hint="use auto, f16 or bf16")
     parse_engine(settings.engine)
     if settings.imatrix is not None and not Path(settings.imatrix).is_file():
         raise InputError("importance matrix file not found", path=settings.imatrix)
-    return quants
+    return file_types
 
 
 def _preflight_tools(settings: AllSettings) -> None:
     """doctor's pre-flight before any download: an engine, and a llama.cpp that runs here
     (its probe is cached per installed build); the disk follows with the plan's count."""
-    from ..doctor import preflight
-
     preflight(
         needs_quantize=True,
         needs_runtime=True,
@@ -316,8 +308,6 @@ def _preflight_disk(
     checkpoint: MossCheckpoint, settings: AllSettings, output: Path, direct: bool
 ) -> None:
     """The disk of the output's folder holds the whole plan (before anything is written)."""
-    from ..doctor import preflight
-
     needed = plan_bytes(checkpoint, settings, direct)
     preflight(
         needs_quantize=False,
@@ -408,7 +398,7 @@ def run_preconverted(
     output = Path(settings.output)
     steps: list[StepResult] = []
     record = HashRecord()  # the Hub's digests, then layout's: verify reads nothing twice
-    paths = choose(repo, settings.quants)
+    paths = choose(repo, settings.file_types)
     names = [Path(p).name for p in paths]
     made_from = _preconverted_made_from(settings, repo, paths)
     finished = not settings.force and _layout_complete(output, names)

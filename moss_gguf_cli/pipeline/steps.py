@@ -26,6 +26,8 @@ from ..disk.layout_names import BACKBONE_DIR, EMBEDDING_DIR, LM_HEAD_DIR, MANIFE
 from ..disk.page_cache import SourcePages
 from ..disk.staging import human_bytes, remove_stale_partials
 from ..errors import MossGgufError, NumericError
+from ..gguf.file_types import file_type_table
+from ..gguf.read import inspect_gguf
 from ..hold_points import hold
 from ..progress import ProgressReporter
 from ..quantize.engines import Companion, Engine, QuantizeRequest
@@ -51,7 +53,7 @@ COMPLETE = "already complete"  # the detail of a step a rerun skips
 class AllSettings:
     model: str
     output: Path
-    quants: list[str] = field(default_factory=lambda: ["Q4_K_M"])
+    file_types: list[str] = field(default_factory=lambda: ["Q4_K_M"])
     outtype: str = "auto"  # f16, bf16, or auto: f16 unless a tensor overflows it
     engine: str = Engine.AUTO.value  # a quantize.engines.Engine name
     imatrix: Path | None = None
@@ -93,7 +95,7 @@ class RunContext:
     on_step: Callable[[str, int], None] | None
     output: Path
     work: Path  # the hidden work folder beside the output
-    quants: list[str]  # canonical type names, paired with ggufs
+    file_types: list[str]  # canonical type names, paired with ggufs
     ggufs: list[Path]  # the quantized GGUFs, in the work folder
     checkpoint: MossCheckpoint | None  # opened once in resolve; None once the layout is done
     codec: AudioTokenizer | None  # None also once the layout is done: nothing to add
@@ -128,7 +130,8 @@ class RunContext:
         wanted = ("f16", "bf16") if self.settings.outtype == "auto" else (self.settings.outtype,)
         candidates = (self.work / f"backbone_{t}.gguf" for t in wanted)
         intermediate = next((p for p in candidates if _gguf_complete(p)), None)
-        quantized = all(_gguf_complete(g, q) for g, q in zip(self.ggufs, self.quants, strict=True))
+        pairs = zip(self.ggufs, self.file_types, strict=True)
+        quantized = all(_gguf_complete(g, t) for g, t in pairs)
         extracted = not self.layout_done and _extract_complete(self.extracted)
         self.earlier = EarlierOutputs(extracted, intermediate, quantized)
         self.intermediate = intermediate
@@ -292,7 +295,7 @@ class QuantizeStep(Step):
         if ctx.layout_done:
             return COMPLETE
         # looked at now, not with `earlier`: after convert, which wrote what quantize reads
-        pairs = zip(ctx.ggufs, ctx.quants, strict=True)
+        pairs = zip(ctx.ggufs, ctx.file_types, strict=True)
         self._todo = [(g, q) for g, q in pairs if not _gguf_complete(g, q)]
         return None if self._todo else COMPLETE
 
@@ -386,7 +389,8 @@ def verify_folder(
 ) -> tuple[object, str]:
     """verify's fast checks of a finished folder, taking what RECORD says the run's writers
     hashed and checked; raises on a failing row. (report, detail)"""
-    from ..verify import CODEC_ROW, verify  # an import error fails the step, never "done"
+    # lazy: an import error of verify/ fails this step, never reads as "done"
+    from ..verify import CODEC_ROW, verify
 
     report = verify(output, progress=progress, record=record)
     silent = json.loads((output / MANIFEST_NAME).read_text()).get("audio_tokenizer", "?") is None
@@ -424,8 +428,6 @@ def _extract_complete(folder: Path) -> bool:
 
 def _gguf_complete(path: Path, file_type: str | None = None) -> bool:
     """A GGUF whose data is all there (and of FILE_TYPE, when given)."""
-    from ..quantize.llama import inspect_gguf
-
     if not path.is_file():
         return False
     try:
@@ -435,9 +437,7 @@ def _gguf_complete(path: Path, file_type: str | None = None) -> bool:
     if info.size < info.data_end:
         return False
     if file_type is not None:
-        from ..quantize.llama import file_types
-
-        return info.file_type == file_types().get(file_type)
+        return info.file_type == file_type_table().get(file_type)
     return True
 
 

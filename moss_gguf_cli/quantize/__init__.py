@@ -2,6 +2,6 @@
 in-process (llama), and the direct engine that quantizes straight from the checkpoint with
 ggml (direct).
 
-May import: gguf/, source/, tts/ (its own tier), disk/, native/ and the top level
-(errors, progress, report, hold_points); never pipeline/, verify/, doctor/ or cli/.
+May import: source/, gguf/, disk/, native/ and the top level (errors, progress, report,
+hold_points) (rank 4); never tts/ (beside it), verify/, doctor/, pipeline/ or cli/.
 """

@@ -35,7 +35,9 @@ from ..disk.digests import HashRecord
 from ..disk.page_cache import SourcePages
 from ..disk.sinks import appender
 from ..disk.staging import staged_file
-from ..errors import InputError, ToolError, UsageError
+from ..errors import InputError, NumericError, ToolError, UsageError
+from ..gguf.file_types import file_type_table
+from ..gguf.first_class import FILE_STEM
 from ..gguf.imatrix import OVERRIDE_STR_BYTES, ImatrixData, imatrix_kvs, load_imatrix
 from ..gguf.stream import (
     CHUNK_BYTES,
@@ -45,12 +47,14 @@ from ..gguf.stream import (
     convert_rows,
     produce_chunks,
 )
-from ..gguf.write import GGUFPlan, write_header
+from ..gguf.write import GGUFPlan, OutType, plan_backbone_tensors, write_header
 from ..hold_points import hold
 from ..native import libggml
 from ..native import llama_tools as lc
 from ..progress import ProgressReporter, ensure
+from ..source.backbone import open_backbone, plan_native
 from ..source.checkpoint import MossCheckpoint
+from ..source.first_class import plan_first_class
 from .engines import (
     Choice,
     Companion,
@@ -63,7 +67,6 @@ from .engines import (
 from .llama import (
     QuantizeJob,
     QuantizeSettings,
-    file_types,
     library_quantize,
     quantize_command,
 )
@@ -73,7 +76,6 @@ log = logging.getLogger(__name__)
 ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT: llama-quantize writes with it whatever the input says
 _SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")  # llama-quantize drops them
 _QT = gguf.GGMLQuantizationType
-_DELAY_STEM = "moss-tts-delay"  # the first-class files' names: moss-tts-delay_f16.gguf
 
 
 class DirectUnavailable(Exception):
@@ -144,7 +146,8 @@ def plan_direct(
     try:
         header_len = _sparse_header(stand_in, dry, scratch_dir)
         targets = [
-            _dry_run(stand_in, out, ftype, settings, imatrix, source) for out, ftype in outputs
+            _dry_run(stand_in, out, file_type, settings, imatrix, source)
+            for out, file_type in outputs
         ]
         for t in targets:  # the user's types over llama.cpp's (as llama-quantize --tensor-type)
             t.types.update({n: int(q) for n in t.types if (q := source.forced_type(n)) is not None})
@@ -189,9 +192,9 @@ def _dry_run(
     source: GGUFPlan,
 ) -> DirectTarget:
     """llama_model_quantize's dry run: which type each tensor gets, in which order."""
-    ftype = file_types()[file_type]
+    file_type_id = file_type_table()[file_type]
     command = quantize_command(lc.QUANTIZE_BIN, stand_in, output, file_type, s)
-    job = QuantizeJob(stand_in, output, file_type, ftype, Engine.LIBRARY, command, s)
+    job = QuantizeJob(stand_in, output, file_type, file_type_id, Engine.LIBRARY, command, s)
     parser = lc.QuantizeLogParser()
     rc = library_quantize(job, output, s, imatrix, parser.feed, dry_run=True)
     parser.close()
@@ -231,7 +234,7 @@ def _header(
         [(r.name, t.types[r.name]) for r in t.rows],
         [
             ("general.quantization_version", gguf.GGML_QUANT_VERSION),
-            ("general.file_type", file_types()[t.file_type]),
+            ("general.file_type", file_type_table()[t.file_type]),
         ],
         list(_SPLIT_KEYS),
         overrides,
@@ -630,15 +633,12 @@ def quantize_checkpoint(
 
     ``outtype`` auto rounds through f16 unless a tensor overflows it, then through bf16,
     as `all`'s two-pass path chooses its intermediate. ``first_class``: the whole model as
-    one moss-tts-delay GGUF (gguf/delay.py) instead of the backbone alone, its audio tables
+    one moss-tts-delay GGUF (gguf/first_class.py) instead of the backbone alone, its audio tables
     in ``audio_tables`` (f16, bf16, q8_0) if given. ``also``: the first-class GGUFs too, from
     the same read (join_plans); their results follow the backbone's.
     """
-    from ..errors import NumericError
-    from ..gguf.write import OutType
-
     plan_source = _source_planner(model, first_class, audio_tables)
-    stem = _DELAY_STEM if first_class else "backbone"
+    stem = FILE_STEM if first_class else "backbone"
     notes: list[str] = []
     for kind in ("f16", "bf16") if outtype == "auto" else (outtype,):
         source = plan_source(OutType.parse(kind))
@@ -663,11 +663,9 @@ def _companion_plan(
     model, also: Companion, kind: str, settings: QuantizeSettings, scratch_dir: Path
 ) -> DirectPlan:
     """The first-class family's plan, rounded through the same intermediate type."""
-    from ..gguf.write import OutType
-
     root = model.root if isinstance(model, MossCheckpoint) else Path(model)
     source = _source_planner(root, True, also.audio_tables)(OutType.parse(kind))
-    kept = also.keep / f"{_DELAY_STEM}_{kind}.gguf" if also.keep is not None else None
+    kept = also.keep / f"{FILE_STEM}_{kind}.gguf" if also.keep is not None else None
     return plan_direct(source, also.outputs, settings, None, scratch_dir, kept)
 
 
@@ -693,16 +691,11 @@ class DirectQuantizer:
 def _source_planner(model, first_class: bool, audio_tables: str | None = None):
     """out type -> the plan of the GGUF the outputs are quantized from."""
     if first_class:
-        from ..gguf.delay import plan_delay
-
-        return lambda out_type: plan_delay(model, out_type, audio_tables)
-    from ..gguf.write import plan_tensors
-    from ..source.backbone import open_backbone, plan_native
-
+        return lambda out_type: plan_first_class(model, out_type, audio_tables)
     backbone = open_backbone(model)
 
     def plan(out_type):
-        tensors = plan_tensors(backbone.params, backbone.tensors, out_type, backbone.root)
+        tensors = plan_backbone_tensors(backbone.params, backbone.tensors, out_type, backbone.root)
         return plan_native(backbone, out_type, tensors)
 
     return plan

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..disk.staging import check_target, staged_file
 from ..errors import InputError, OutputError, ToolError, UsageError
+from ..gguf.file_types import file_type_table, parse_file_type
 from ..gguf.imatrix import OVERRIDE_STR_BYTES, ImatrixData, imatrix_kvs, load_imatrix
 from ..gguf.read import GgufInfo, inspect_gguf  # the one GGUF header reader
 from ..hold_points import hold
@@ -48,8 +49,6 @@ log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------- type names
 
-# llama-quantize's short aliases (its QUANT_OPTIONS table)
-FILE_TYPE_ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
 # ggml types that cannot be a quantization target for a weight
 _NOT_TARGET_TENSOR_TYPES = {"Q8_1", "Q8_K", "I8", "I16", "I32", "I64", "F64"}
 # tensor types that are not quantized (requantizing is only about the others)
@@ -74,55 +73,6 @@ APPROX_BPW = {
     "BF16": 16,
     "F32": 32,
 }
-
-
-def _ftype_name(constant: str) -> str | None:
-    for prefix in ("LLAMA_FTYPE_MOSTLY_", "LLAMA_FTYPE_ALL_", "MOSTLY_", "ALL_"):
-        if constant.startswith(prefix):
-            return constant[len(prefix) :]
-    return None
-
-
-@functools.lru_cache(maxsize=1)
-def file_types() -> dict[str, int]:
-    """Every llama.cpp file type: NAME -> llama_ftype value.
-
-    From llama-cpp-python's LLAMA_FTYPE_* constants (the library's own llama.h) joined with
-    gguf's LlamaFileType, so the table follows whatever llama.cpp is installed.
-    """
-    table: dict[str, int] = {}
-    try:
-        import gguf
-
-        for member in gguf.LlamaFileType:
-            name = _ftype_name(member.name)
-            if name:
-                table[name] = int(member.value)
-    except Exception:  # noqa: BLE001 - the other source may still work
-        pass
-    try:
-        llama_cpp = libllama.bindings()
-        for attr in dir(llama_cpp):
-            if attr.startswith("LLAMA_FTYPE_"):
-                name = _ftype_name(attr)
-                if name:
-                    table[name] = int(getattr(llama_cpp, attr))
-    except Exception:  # noqa: BLE001
-        pass
-    return dict(sorted(table.items(), key=lambda kv: kv[1]))
-
-
-def parse_file_type(name: str) -> str:
-    """Canonical upper-case file type name for a case-insensitive name or alias."""
-    table = file_types()
-    key = name.strip().upper()
-    key = FILE_TYPE_ALIASES.get(key, key)
-    if key not in table:
-        valid = ", ".join(list(table) + list(FILE_TYPE_ALIASES))
-        raise UsageError(
-            f"unknown quantization type {name!r}", hint=f"valid types (any case): {valid}"
-        )
-    return key
 
 
 @functools.lru_cache(maxsize=1)
@@ -195,7 +145,7 @@ class QuantizeJob:
     input: Path
     output: Path
     file_type: str
-    ftype: int
+    file_type_id: int  # its llama_ftype value
     engine: Engine  # BINARY or LIBRARY, never AUTO
     command: list[str]  # the llama-quantize argv (for the library: the same arguments)
     settings: QuantizeSettings  # with canonical type names
@@ -336,7 +286,7 @@ def plan_quantize(
     # canonical names from here on; the library engine shows the equivalent llama-quantize
     s = replace(s, engine=resolved, token_embedding_type=tok_type, output_tensor_type=out_type)
     exe_name = str(exe) if exe is not None else lc.QUANTIZE_BIN
-    table = file_types()
+    table = file_type_table()
     jobs = [
         QuantizeJob(
             input, out, t, table[t], resolved, quantize_command(exe_name, input, out, t, s), s
@@ -538,7 +488,7 @@ def _quantize_params(
     outlive the call)."""
     llama_cpp = libllama.bindings()
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = job.ftype
+    params.ftype = job.file_type_id
     params.nthread = s.threads or 0
     ttypes = tensor_types()
     if s.token_embedding_type:

@@ -1,8 +1,9 @@
 """What comes in: the MOSS checkpoint (checkpoint, safetensors_io), the Hugging Face Hub (hub),
 pre-converted MOSS-TTS-GGUF repos (preconverted), the audio tokenizer a folder speaks with
-(audio_tokenizer), the special token ids (token_ids) and the tiny builtin model and codec
-tests and `builtin:tiny` run on (tiny, tiny_codec).
+(audio_tokenizer; the contract its ONNX graphs keep: codec_contract), a checkpoint planned
+as the first-class moss-tts-delay GGUF (first_class), the special token ids (token_ids) and
+the tiny builtin model and codec tests and `builtin:tiny` run on (tiny, tiny_codec).
 
-May import: gguf/, quantize/, tts/ (its own tier), disk/, native/ and the top level
-(errors, progress, report, hold_points); never pipeline/, verify/, doctor/ or cli/.
+May import: gguf/, disk/, native/ and the top level (errors, progress, report, hold_points) (rank
+3); never tts/, quantize/ or any room above.
 """

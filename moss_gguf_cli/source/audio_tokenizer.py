@@ -4,7 +4,7 @@ A weights folder without its codec cannot speak, so ``all`` and ``layout`` resol
 conversion starts: a local folder, a Hub repo id (only the ``.onnx`` graphs and their
 external-data files are downloaded), the builtin tiny codec for ``builtin:*`` models, or
 ``none``. Both graphs are checked against the contract synth relies on
-(``tts.codec.check_signature``) from the graph alone, without loading their weights: seconds,
+(``source/codec_contract.py``) from the graph alone, without loading their weights: seconds,
 not the twenty minutes of a quantization that would end in a folder that cannot speak.
 
 The codec is a property of the model variant: every supported delay model (MOSS-TTS,
@@ -22,6 +22,7 @@ from pathlib import Path
 from ..disk.confine import boundary, confined
 from ..errors import InputError, UsageError
 from ..progress import ProgressReporter
+from .codec_contract import check_graph_file
 from .hub import NO_RECORD, check_files, download, is_repo_id, list_files, local_listing
 
 DEFAULT_REPO = "OpenMOSS-Team/MOSS-Audio-Tokenizer-ONNX"
@@ -73,8 +74,6 @@ def _graphs(folder: Path) -> tuple[Path | None, Path | None]:
 
 def open_folder(folder: Path, source: str | None = None) -> AudioTokenizer:
     """Check an ONNX audio tokenizer folder: both graphs' contract and their data files."""
-    from ..tts.codec import check_graph_file
-
     folder = Path(folder)
     what = source or str(folder)
     if not folder.is_dir():

@@ -14,7 +14,14 @@ from typing import Any
 from ..disk.layout_names import BACKBONE_DIR, META_NAME
 from ..errors import InputError, UnsupportedModelError
 from ..gguf.vocab import read_vocab
-from ..gguf.write import GGUFPlan, GGUFTensor, OutType, Qwen3Params, SourceTensor, plan_tensors
+from ..gguf.write import (
+    GGUFPlan,
+    GGUFTensor,
+    OutType,
+    Qwen3Params,
+    SourceTensor,
+    plan_backbone_tensors,
+)
 from .checkpoint import MossCheckpoint, MossConfig, open_checkpoint, read_json, read_tensors
 
 QWEN3_ARCH = "Qwen3ForCausalLM"
@@ -165,6 +172,6 @@ def plan_native(
     """Everything the native writer needs, checked: tensors, types, vocabulary."""
     hp = backbone.params
     if tensors is None:
-        tensors = plan_tensors(hp, backbone.tensors, outtype, backbone.root)
+        tensors = plan_backbone_tensors(hp, backbone.tensors, outtype, backbone.root)
     vocab = read_vocab(backbone.tokenizer_dir, backbone.config, hp.vocab)
     return GGUFPlan(hp, tensors, vocab, outtype, backbone.name)

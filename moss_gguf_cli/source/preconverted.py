@@ -3,7 +3,7 @@
 Such a repo (or a local copy of one) holds a quantized Qwen3 backbone ``.gguf``,
 ``embeddings/`` and ``lm_heads/`` (the 33 + 33 ``.npy`` tables) and ``tokenizer/``; no config,
 no hash list. ``all`` recognises it from the file set, downloads only the GGUF of the asked
-quant type and the tables, checks every file against the record the download has (`hub`: the
+file type and the tables, checks every file against the record the download has (`hub`: the
 Hub's listing online; offline the client's tree listing, an older cache's blob names, or a
 ``--local-dir`` folder's metadata; a plain folder is used as it is and says so), and lays
 out a weights folder with the codec, a synth YAML and a manifest. The model facts the repo
@@ -26,6 +26,8 @@ from pathlib import Path
 from ..disk.confine import boundary, confined, table_header
 from ..disk.layout_names import EMBEDDING_DIR, LM_HEAD_DIR, TOKENIZER_DIR
 from ..errors import InputError, UnsupportedModelError, UsageError
+from ..gguf.file_types import file_type_table, parse_file_type
+from ..gguf.read import inspect_gguf, read_gguf
 from ..progress import ProgressReporter
 from .hub import (
     NO_RECORD,
@@ -81,8 +83,6 @@ def _refuse(source: str, what: str) -> UnsupportedModelError:
 
 def classify_gguf(source: str, path: Path) -> None:
     """Refuse a GGUF that is not a plain Qwen3 backbone, naming the format it is."""
-    from ..gguf.read import inspect_gguf
-
     info = inspect_gguf(path)
     names = list(info.tensors)
     arch = (info.architecture or "").lower()
@@ -103,8 +103,6 @@ def recognise(
 
     Raises for GGUF repos of other formats.
     """
-    from ..quantize.llama import file_types
-
     path = Path(model).expanduser()
     listing: Listing | None
     if path.is_dir():
@@ -134,7 +132,7 @@ def recognise(
         raise InputError(
             f"{model} has no {TOKENIZER_DIR}/tokenizer.json", hint=f"expected {LAYOUT}"
         )
-    known = list(file_types())
+    known = list(file_type_table())
     by_type: dict[str, str] = {}
     for g in sorted(ggufs):
         if "/" in g:
@@ -160,11 +158,9 @@ def _local_files(folder: Path) -> list[str]:
     return out
 
 
-def choose(repo: GgufRepo, quants: list[str]) -> list[str]:
-    """The repo's GGUF paths for the asked quant types; one line listing what it has if not."""
-    from ..quantize.llama import parse_file_type
-
-    wanted = [parse_file_type(q) for q in quants] or ["Q4_K_M"]
+def choose(repo: GgufRepo, file_types: list[str]) -> list[str]:
+    """The repo's GGUF paths for the asked file types; one line listing what it has if not."""
+    wanted = [parse_file_type(q) for q in file_types] or ["Q4_K_M"]
     missing = [q for q in wanted if q not in repo.ggufs]
     if missing:
         raise UsageError(
@@ -216,8 +212,6 @@ _GGUF_LANG = {
 def gguf_language_config(path: Path, arch: str = "qwen3") -> dict:
     """A Qwen3 language_config from a backbone GGUF's {arch}.* metadata (the one GGUF header
     reader, gguf/read.py: it skips the vocabulary)."""
-    from ..gguf.read import read_gguf
-
     kv = read_gguf(path).kv
     out: dict = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}
     for key, gkey in _GGUF_LANG.items():
@@ -229,8 +223,6 @@ def gguf_language_config(path: Path, arch: str = "qwen3") -> dict:
 
 def derive_meta(root: Path, repo: GgufRepo, gguf: str) -> dict:
     """extraction_meta.json for a repo that has none: facts read from its tables and GGUF."""
-    from ..gguf.read import inspect_gguf
-
     classify_gguf(repo.source, root / gguf)
     ext = sorted(f for f in repo.tables if "/emb_ext_" in f)
     heads = sorted(f for f in repo.tables if "/lm_head_audio_" in f)

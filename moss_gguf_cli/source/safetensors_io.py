@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..disk.sinks import appender
 from ..errors import InputError
 
 # storage dtype per safetensors dtype; bf16 is kept as its raw 16-bit pattern
@@ -222,8 +223,6 @@ def write_streaming(
     path: Path, tensors: list[PlannedTensor], metadata: dict[str, str] | None = None, on_bytes=None
 ) -> int:
     """Write a safetensors file tensor by tensor; returns the bytes written."""
-    from ..disk.sinks import appender
-
     header = build_header(tensors, metadata)
     size = len(header) + sum(t.nbytes for t in tensors)
     with open(path, "wb+") as out:

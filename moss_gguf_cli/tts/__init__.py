@@ -9,8 +9,8 @@ Holds: config (the synth YAML; defaults in defaults.py), prompt, delay (the dela
 state machine), sampling, embeddings, heads, backbone (llama.cpp), codec (the ONNX audio
 tokenizer), normalize, synthesizer (the loop), streaming (windowed decoding while it speaks).
 
-May import: source/, quantize/, gguf/ (its own tier), disk/, native/ and the top level
-(errors, progress, report, hold_points); never verify/, doctor/, pipeline/ or cli/.
+May import: source/, gguf/, disk/, native/ and the top level (errors, progress, report,
+hold_points) (rank 4); never quantize/ (beside it), verify/, doctor/, pipeline/ or cli/.
 """
 
 from .config import ModelInfo, SynthConfig

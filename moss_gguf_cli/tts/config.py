@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, UnsupportedModelError, UsageError
+from ..source.checkpoint import variant_name
 from ..source.token_ids import TOKEN_DEFAULTS
 from .defaults import SYNTH_DEFAULTS as D
 
@@ -346,8 +347,6 @@ class ModelInfo:
 
     @classmethod
     def from_moss_config(cls, config: dict[str, Any], source: Path | None = None) -> ModelInfo:
-        from ..source.checkpoint import variant_name
-
         def number(key: str, default: int) -> int:
             value = config.get(key, default)
             if value is None:

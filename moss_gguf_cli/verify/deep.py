@@ -10,6 +10,7 @@ from ..errors import UsageError
 from ..gguf.read import file_type_name
 from ..report import FAIL, PASS
 from ..source.checkpoint import MossConfig
+from ..tts.backbone import Backbone, BackboneSettings
 from .context import WORKERS, Context
 from .quality import DEEP_THRESHOLDS, deep_class
 from .result import DeepResult
@@ -145,8 +146,6 @@ def reference_hidden(source_root: Path, embeds: np.ndarray) -> np.ndarray:
 
 def llama_hidden(gguf_path: Path, embeds: np.ndarray) -> np.ndarray:
     """Final-norm hidden states llama.cpp computes from the GGUF for EMBEDS."""
-    from ..tts.backbone import Backbone, BackboneSettings
-
     n = max(64, -(-embeds.shape[0] // 64) * 64)
     settings = BackboneSettings(n_ctx=max(256, n), n_batch=n, n_threads=WORKERS, n_gpu_layers=0)
     with Backbone(gguf_path, settings) as backbone:

@@ -1,7 +1,7 @@
 """`verify` of the first-class `moss-tts-delay` format: a folder `all --format` made, or one GGUF.
 
 Rows: the manifest's files (there, of the listed size and sha256), the tokenizer and codec the
-folder needs, each GGUF's header against itself (delay_read.check_first_class: n_vq against
+folder needs, each GGUF's header against itself (first_class_read.check_first_class: n_vq against
 the audio tensors, every tensor and its shape, the data all there), and with --source every
 MOSS key against the source config.
 """
@@ -15,10 +15,12 @@ from pathlib import Path
 from ..disk.digests import sha256_file
 from ..disk.layout_names import MANIFEST_NAME, TOKENIZER_DIR
 from ..errors import InputError, UsageError
-from ..gguf.delay import ARCH_NAME, MOSS_KEYS, hparams
-from ..gguf.delay_read import check_first_class
+from ..gguf.first_class import ARCH_NAME, MOSS_KEYS, hparams
+from ..gguf.first_class_read import check_first_class
 from ..gguf.read import GgufFormatError, read_gguf
 from ..report import Rows
+from ..source.checkpoint import open_checkpoint, resolve_model
+from ..source.first_class import moss_value
 from .result import GROUPS, VerifyReport
 
 KIND = "first-class"
@@ -114,9 +116,6 @@ def _folder_rows(folder: Path, manifest: dict, rows: Rows) -> list[Path]:
 
 def _source_rows(source: str, keys: dict, rows: Rows) -> None:
     """Every MOSS key of the header against the source's config."""
-    from ..gguf.delay import moss_value
-    from ..source.checkpoint import open_checkpoint, resolve_model
-
     rows.group = "source"
     ck = open_checkpoint(resolve_model(source))
     hp = hparams(ck.config)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..gguf.read import GgufArray, GgufFile, GgufFormatError, file_type_name, read_gguf
+from ..gguf.write import Qwen3Params
 from ..report import FAIL, PASS, WARN
 from ..source.token_ids import TOKEN_DEFAULTS
 from .context import Context
@@ -91,8 +92,6 @@ def _gguf_values_row(ctx: Context, path: Path, g: GgufFile, name) -> None:
 
 def _gguf_params(ctx: Context, g: GgufFile):
     """The hyperparameters to hold the GGUF to: the model facts, else its own keys."""
-    from ..gguf.write import Qwen3Params
-
     if ctx.facts is not None and ctx.facts.params is not None:
         return ctx.facts.params
     a = g.arch or "qwen3"
@@ -181,12 +180,12 @@ def _tensors_row(ctx: Context, g: GgufFile, hp, name) -> None:
 
 def _file_type_rows(ctx: Context, g: GgufFile, name) -> None:
     r = ctx.rows
-    ftype = file_type_name(g)
+    file_type = file_type_name(g)
     weights = [t for t in g.tensors.values() if len(t.dims) == 2]
     counts = Counter(t.type_name for t in weights)
     mix = ", ".join(f"{k} ×{v}" for k, v in counts.most_common())
-    base = file_type_base(ftype) if ftype else None
-    if ftype is None:
+    base = file_type_base(file_type) if file_type else None
+    if file_type is None:
         raw = g.kv.get("general.file_type")
         r.add(
             name("GGUF file type"),
@@ -196,27 +195,27 @@ def _file_type_rows(ctx: Context, g: GgufFile, name) -> None:
             else f"general.file_type {raw} is not a llama.cpp file type",
         )
     elif base is None:
-        r.add(name("GGUF file type"), WARN, f"{ftype}: unknown to this check; matrices {mix}")
+        r.add(name("GGUF file type"), WARN, f"{file_type}: unknown to this check; matrices {mix}")
     elif base not in counts:
-        r.add(name("GGUF file type"), FAIL, f"{ftype} but no {base} tensor: matrices {mix}")
+        r.add(name("GGUF file type"), FAIL, f"{file_type} but no {base} tensor: matrices {mix}")
     elif counts.most_common(1)[0][0] != base:
         r.add(
             name("GGUF file type"),
             WARN,
-            f"{ftype} but {base} is not the most common type: matrices {mix}",
+            f"{file_type} but {base} is not the most common type: matrices {mix}",
         )
     else:
-        r.add(name("GGUF file type"), PASS, f"{ftype.removeprefix('MOSTLY_')}: matrices {mix}")
+        r.add(name("GGUF file type"), PASS, f"{file_type.removeprefix('MOSTLY_')}: matrices {mix}")
     n_el = sum(t.n_elements for t in g.tensors.values())
     bpw = sum(t.nbytes for t in g.tensors.values()) * 8 / max(n_el, 1)
-    rng = bpw_range(ftype) if ftype else None
+    rng = bpw_range(file_type) if file_type else None
     if rng is None:
         r.add(name("GGUF bits per weight"), WARN, f"{bpw:.2f} bpw (no range for this type)")
     elif not rng[0] <= bpw <= rng[1]:
         r.add(
             name("GGUF bits per weight"),
             FAIL,
-            f"{bpw:.2f} bpw, outside llama.cpp's {rng[0]:.2f}–{rng[1]:.2f} for {ftype}",
+            f"{bpw:.2f} bpw, outside llama.cpp's {rng[0]:.2f}–{rng[1]:.2f} for {file_type}",
         )
     else:
         r.add(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MossGgufError
+from ..gguf.write import Qwen3Params
 from ..report import FAIL, Rows
 from ..source.checkpoint import MossConfig
 from ..source.token_ids import TOKEN_DEFAULTS
@@ -59,8 +60,6 @@ class Facts:
 
 
 def facts_from_config(config: dict[str, Any], origin: str, path: Path | None = None) -> Facts:
-    from ..gguf.write import Qwen3Params
-
     moss = MossConfig.from_dict(config, path)
     try:
         params = Qwen3Params.from_config(dict(config["language_config"]), path)

@@ -79,17 +79,19 @@ def _type_bpw(type_name: str) -> float:
 
 
 # file type -> its main tensor type, where the names differ (Q4_K_M -> Q4_K, IQ3_M -> IQ3_S)
-_FTYPE_BASE_OVERRIDES = {"IQ3_XS": "IQ3_S", "IQ3_M": "IQ3_S", "IQ2_M": "IQ2_S", "Q2_K_S": "Q2_K"}
+_FILE_TYPE_BASE_OVERRIDES = {
+    "IQ3_XS": "IQ3_S", "IQ3_M": "IQ3_S", "IQ2_M": "IQ2_S", "Q2_K_S": "Q2_K",
+}  # fmt: skip
 
 
-def file_type_base(ftype_name: str) -> str | None:
+def file_type_base(file_type: str) -> str | None:
     """The tensor type most of a file type's weights get: MOSTLY_Q4_K_M -> Q4_K."""
     import gguf
 
-    name = ftype_name
+    name = file_type
     for prefix in ("MOSTLY_", "ALL_"):
         name = name.removeprefix(prefix)
-    name = _FTYPE_BASE_OVERRIDES.get(name, name)
+    name = _FILE_TYPE_BASE_OVERRIDES.get(name, name)
     types = gguf.GGMLQuantizationType.__members__
     if name in types:
         return name
@@ -97,7 +99,7 @@ def file_type_base(ftype_name: str) -> str | None:
     return stem if stem in types else None
 
 
-def bpw_range(ftype_name: str) -> tuple[float, float] | None:
+def bpw_range(file_type: str) -> tuple[float, float] | None:
     """Bits per weight (all tensor bytes × 8 / all elements) llama.cpp produces for a file type.
 
     Low end: the base type itself (a model made only of layers approaches it). High end: the
@@ -110,7 +112,7 @@ def bpw_range(ftype_name: str) -> tuple[float, float] | None:
     F32 32.00; the guide's real MOSS-TTS figures: Q4_K_M 4.91, Q5_K_M 5.69, Q6_K 6.56,
     Q8_0 8.50. All lie inside the ranges.
     """
-    base = file_type_base(ftype_name)
+    base = file_type_base(file_type)
     if base is None:
         return None
     low = _type_bpw(base)
@@ -120,8 +122,8 @@ def bpw_range(ftype_name: str) -> tuple[float, float] | None:
     return (low - 0.05, high + 0.2)
 
 
-def deep_class(ftype_name: str | None) -> str:
-    base = file_type_base(ftype_name) if ftype_name else None
+def deep_class(file_type: str | None) -> str:
+    base = file_type_base(file_type) if file_type else None
     if base in ("F32", "F16", "BF16"):
         return "float"
     if base == "Q8_0":

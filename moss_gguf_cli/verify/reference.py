@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import InputError, UsageError
 from ..gguf.write import Qwen3Params, SourceTensor
+from ..source.backbone import open_backbone
 from ..source.safetensors_io import bf16_to_f32
 
 if TYPE_CHECKING:
@@ -77,8 +78,6 @@ class Qwen3Weights:
 
 def load_weights(source: Path, dtype: Any = None) -> Qwen3Weights:
     """Weights of the backbone in SOURCE (a MOSS checkpoint, an extract output or a backbone)."""
-    from ..source.backbone import open_backbone
-
     torch = _torch()
     backbone = open_backbone(Path(source))
     return Qwen3Weights(backbone.params, backbone.tensors, dtype or torch.float64)

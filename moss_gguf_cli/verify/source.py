@@ -17,7 +17,7 @@ from ..disk.layout_names import META_NAME
 from ..errors import UsageError
 from ..gguf.read import GgufFile
 from ..report import FAIL, PASS
-from ..source.checkpoint import MossCheckpoint
+from ..source.checkpoint import BUILTIN_PREFIX, MossCheckpoint, open_checkpoint, resolve_model
 from .context import Context
 from .model_facts import Facts, facts_diff, facts_from_config, facts_line, read_meta_facts
 from .quality import QualitySummary, TensorQuality, tensor_threshold
@@ -35,8 +35,6 @@ from .values import FileResult
 
 
 def open_source(ctx: Context) -> None:
-    from ..source.checkpoint import open_checkpoint, resolve_model
-
     r = ctx.rows
     r.group = "files"
     meta_facts, ctx.meta = read_meta_facts(ctx.t.meta, r)
@@ -72,8 +70,6 @@ def open_source(ctx: Context) -> None:
 
 def _recorded_source(ctx: Context) -> MossCheckpoint | None:
     """--deep without --source: the source_model in extraction_meta.json, if local."""
-    from ..source.checkpoint import BUILTIN_PREFIX, open_checkpoint, resolve_model
-
     recorded = ctx.meta.get("source_model")
     if isinstance(recorded, str) and (
         recorded.startswith(BUILTIN_PREFIX) or Path(recorded).expanduser().is_dir()

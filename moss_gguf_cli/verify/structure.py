@@ -11,8 +11,9 @@ import numpy as np
 from ..disk.confine import child
 from ..disk.layout_names import BACKBONE_DIR, META_NAME
 from ..errors import InputError, MossGgufError
+from ..gguf.write import OutType, plan_backbone_tensors
 from ..report import FAIL, WARN
-from ..source.backbone import TOKENIZER_REQUIRED
+from ..source.backbone import TOKENIZER_REQUIRED, open_backbone
 from .context import Context
 from .target import shown_path
 
@@ -107,14 +108,11 @@ def first_class_detail(made: dict) -> str:
 
 def _backbone_weights(ctx: Context) -> None:
     """An extract folder's qwen3_backbone/: config, shards and every tensor's shape."""
-    from ..gguf.write import OutType, plan_tensors
-    from ..source.backbone import open_backbone
-
     r = ctx.rows
     folder = ctx.t.backbone_dir
     try:
         bb = open_backbone(folder)
-        plan_tensors(bb.params, bb.tensors, OutType.F16, folder)
+        plan_backbone_tensors(bb.params, bb.tensors, OutType.F16, folder)
     except MossGgufError as exc:
         if "no model.safetensors" in exc.message:  # `all` extracts without them
             r.add("backbone weights", WARN, f"{BACKBONE_DIR}/ holds no weights, only its "

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..gguf.read import GgufFile, GgufTensorInfo
+from ..gguf.write import ARCH, expected_shapes
 from ..progress import ProgressReporter
 from ..source.checkpoint import TensorRef
 from ..source.safetensors_io import bf16_to_f32, to_f32
@@ -204,7 +205,6 @@ def expected_gguf_tensors(hp) -> dict[str, tuple[str, tuple[int, ...]]]:
     """GGUF tensor name → (Qwen3ForCausalLM name, HF shape), output head always present."""
     import gguf
 
-    from ..gguf.write import ARCH, expected_shapes
 
     names = gguf.get_tensor_name_map(ARCH, hp.n_layers)
     out = {}

@@ -24,6 +24,7 @@ import numpy as np
 from ..disk.digests import HashRecord, sha256_file
 from ..gguf.read import GgufFile
 from ..source.checkpoint import TensorRef
+from ..source.tables import npy_jobs
 from .context import CHUNK_BYTES, WORKERS, Context
 from .structure import expected_tables, manifest_entries, manifest_row, table_rows
 from .target import shown_path
@@ -330,8 +331,6 @@ def file_pass(ctx: Context) -> None:
     jobs: dict[Path, FileJob] = {}
     src_tables: dict[str, TensorRef] = {}
     if ctx.ck is not None:
-        from ..source.tables import npy_jobs
-
         src_tables = {Path(j.relpath).name: j.source for j in npy_jobs(ctx.ck)}
     for key, name, shape in expected_tables(ctx) if t.kind != "gguf" else []:
         folder = t.embedding_dir if key == "emb" else t.lm_head_dir

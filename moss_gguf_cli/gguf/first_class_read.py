@@ -20,8 +20,7 @@ import numpy as np
 
 from ..disk.staging import staged_file
 from ..errors import InputError
-from ..source.checkpoint import variant_name
-from .delay import ARCH_NAME, AUDIO_EMBD, AUDIO_HEAD
+from .first_class import ARCH_NAME, AUDIO_EMBD, AUDIO_HEAD
 from .qwen3_names import layer_shapes
 from .read import GgufFile, GgufFormatError, header_input_error, read_gguf
 from .stream import GGUFTensor, SourceTensor
@@ -189,8 +188,11 @@ class ReusedPlan(GGUFPlan):
         return self.source_file_type
 
 
-def backbone_plan(facts: FirstClassFacts, params: Qwen3Params, vocab: Vocab) -> ReusedPlan:
-    """The backend's backbone GGUF over the first-class file's backbone tensors, as they are."""
+def backbone_plan(
+    facts: FirstClassFacts, params: Qwen3Params, vocab: Vocab, name: str
+) -> ReusedPlan:
+    """The backend's backbone GGUF over the first-class file's backbone tensors, as they are;
+    NAME is its general.name (convert's: '<variant> backbone')."""
     g = facts.header
     tensors = []
     for t in g.tensors.values():
@@ -200,8 +202,6 @@ def backbone_plan(facts: FirstClassFacts, params: Qwen3Params, vocab: Vocab) -> 
         src = SourceTensor(t.name, g.path, t.type_name, shape, g.abs_offset(t), t.nbytes)
         tensors.append(GGUFTensor(t.name, gguf.GGMLQuantizationType[t.type_name], src))
     tensors.sort(key=lambda t: block_order(t.name))  # convert's order
-    # convert's name: '<variant> backbone'
-    name = f"{variant_name({'n_vq': facts.n_vq})} backbone"
     file_type = g.kv.get("general.file_type", 1)
     return ReusedPlan(params, tensors, vocab, OutType.F16, name, source_file_type=int(file_type))
 

@@ -1,10 +1,11 @@
-"""The first-class `moss-tts-delay` GGUF that OpenMOSS's llama.cpp fork runs: plan and header.
+"""The first-class `moss-tts-delay` GGUF that OpenMOSS's llama.cpp fork runs: its facts and header.
 
 One file holds the Qwen3 backbone, the text embedding, n_vq audio embeddings, the text head
 and n_vq audio heads; the fork's `llama-moss-tts` does the multi-channel embedding, the heads
 and the delay pattern inside llama.cpp. The reference for every decision here is the fork's
 own converter (`convert_hf_to_gguf.py`, class MossTTSDelayModel), and the tests hold the
-sha256 of its outputs (docs/ARCHITECTURE.md §4):
+sha256 of its outputs (docs/ARCHITECTURE.md §4). A checkpoint is planned into one by
+source/first_class.py:
 
 - the Qwen3 hyperparameters are read from `language_config`, lifted over the top-level keys;
 - the MOSS keys (`moss-tts-delay.n_vq`, ...) follow `general.file_type`;
@@ -15,7 +16,7 @@ sha256 of its outputs (docs/ARCHITECTURE.md §4):
 - `general.*` come from the gguf package's own model-card heuristics on the source folder.
 
 The stock llama.cpp does not know the architecture, so llama.cpp's quantizer is asked about
-a qwen3 stand-in with the same tensors (`DelayPlan.dry_run_plan`); the fork's quantizer has
+a qwen3 stand-in with the same tensors (`FirstClassPlan.dry_run_plan`); the fork's quantizer has
 no rule of its own for the audio tensors, and the tests compare its bytes with ours.
 """
 
@@ -29,15 +30,12 @@ from typing import Any
 import gguf
 import numpy as np
 
-from ..errors import InputError, UnsupportedModelError, UsageError
-from ..source.backbone import backbone_config
-from ..source.checkpoint import MossCheckpoint, open_checkpoint
-from .stream import SOURCE_DTYPES, GGUFTensor, SourceTensor
-from .vocab import read_vocab
-from .write import GGUFPlan, OutType, Qwen3Params, tensor_qtype
+from ..errors import UsageError
+from .write import GGUFPlan, OutType, Qwen3Params
 
 ARCH_NAME = "moss-tts-delay"
 FORMAT = ARCH_NAME  # the --format value
+FILE_STEM = ARCH_NAME  # the files' names: moss-tts-delay_q4_k_m.gguf, moss-tts-delay_f16.gguf
 AUDIO_EMBD = "token_embd_audio"
 AUDIO_HEAD = "output_audio"
 # the MOSS keys the converter writes after general.file_type, in its order
@@ -79,10 +77,12 @@ def hparams(config: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass
-class DelayPlan(GGUFPlan):
-    """A first-class GGUF: the Qwen3 plan's parts plus the merged config and the model card."""
+class FirstClassPlan(GGUFPlan):
+    """A first-class GGUF: the Qwen3 plan's parts plus the merged config, the MOSS keys' values
+    and the model card (planned from a checkpoint by source/first_class.py)."""
 
     hparams: dict[str, Any] | None = None
+    moss_values: dict[str, int] | None = None  # MOSS_KEYS: the config's, or their defaults
     metadata: gguf.Metadata | None = None
     audio_tables: gguf.GGMLQuantizationType | None = None  # over the quantizer's choice
 
@@ -90,40 +90,11 @@ class DelayPlan(GGUFPlan):
         return self.audio_tables if name.startswith((AUDIO_EMBD, AUDIO_HEAD)) else None
 
     def writer(self) -> gguf.GGUFWriter:
-        return build_delay_writer(self)
+        return build_first_class_writer(self)
 
     def dry_run_plan(self) -> GGUFPlan:
         """The same tensors under a qwen3 header: what the stock llama.cpp can plan."""
         return GGUFPlan(self.params, self.tensors, self.vocab, self.outtype, self.name)
-
-
-def _source(name: str, ref: Any) -> SourceTensor:
-    return SourceTensor(name, ref.path, ref.dtype, tuple(ref.shape), ref.offset, ref.nbytes)
-
-
-def plan_tensors(ck: MossCheckpoint, outtype: OutType) -> list[GGUFTensor]:
-    """Every tensor of the checkpoint, named, typed and ordered as the fork's converter does."""
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, ck.moss.num_layers)
-    planned = []
-    order = sorted(ck.tensors.items(), key=lambda item: (item[1].path.name, item[0]))
-    for name, ref in order:
-        if name.endswith(".rotary_emb.inv_freq"):
-            continue  # the converter drops these buffers: llama.cpp recomputes them
-        new = gguf_name(name, names)
-        if new is None:
-            raise UnsupportedModelError(
-                f"tensor {name!r} has no place in a {ARCH_NAME} GGUF",
-                path=ref.path,
-                hint="only MOSS-TTS delay checkpoints (language_model.*, emb_ext.*, "
-                "lm_heads.*) convert to this format",
-            )
-        if ref.dtype not in SOURCE_DTYPES:
-            raise InputError(
-                f"tensor {name!r} has dtype {ref.dtype}; expected BF16, F16 or F32", path=ref.path
-            )
-        qtype = tensor_qtype(new, tuple(ref.shape), outtype)
-        planned.append(GGUFTensor(new, qtype, _source(name, ref)))
-    return planned
 
 
 AUDIO_TABLE_TYPES = ("f16", "bf16", "q8_0")
@@ -139,36 +110,6 @@ def parse_audio_tables_type(value: str | None) -> gguf.GGMLQuantizationType | No
             f"unknown audio tables type {value!r}", hint="choose " + ", ".join(AUDIO_TABLE_TYPES)
         )
     return gguf.GGMLQuantizationType[v.upper()]
-
-
-def plan_delay(
-    model: Path, outtype: str | OutType = "f16", audio_tables: str | None = None
-) -> DelayPlan:
-    """Open a MOSS-TTS checkpoint and decide its first-class GGUF; no tensor data is read.
-
-    ``audio_tables``: the quantized files keep the audio tables in this type (f16, bf16, q8_0)
-    instead of the base type llama.cpp's quantizer gives them."""
-    out_type = OutType.parse(outtype)
-    ck = open_checkpoint(Path(model))
-    config_path = ck.root / "config.json"
-    params = Qwen3Params.from_config(backbone_config(ck), config_path)
-    tensors = plan_tensors(ck, out_type)
-    # the converter's SpecialVocab reads <folder>/config.json: the MOSS config itself
-    vocab = read_vocab(ck.root, ck.config, params.vocab, byte_level_adds=False)
-    merged = hparams(ck.config)
-    plan = DelayPlan(params, tensors, vocab, out_type, "", hparams=merged)
-    plan.audio_tables = parse_audio_tables_type(audio_tables)
-    if plan.audio_tables is not None:
-        block = gguf.GGML_QUANT_SIZES[plan.audio_tables][0]
-        if params.hidden % block:
-            raise UsageError(
-                f"audio tables of {params.hidden} columns do not split into "
-                f"{plan.audio_tables.name} blocks of {block}",
-                hint="choose f16 or bf16",
-            )
-    plan.metadata = model_card(ck.root, plan)
-    plan.name = plan.metadata.name or ck.root.name
-    return plan
 
 
 def _tensor_writer(plan: GGUFPlan) -> gguf.GGUFWriter:
@@ -191,7 +132,7 @@ def model_card(root: Path, plan: GGUFPlan) -> gguf.Metadata:
     return meta
 
 
-def build_delay_writer(plan: DelayPlan) -> gguf.GGUFWriter:
+def build_first_class_writer(plan: FirstClassPlan) -> gguf.GGUFWriter:
     """A GGUFWriter holding every key/value and tensor info, in the fork converter's order."""
     hp = plan.hparams or {}
     w = _tensor_writer(plan)
@@ -199,21 +140,12 @@ def build_delay_writer(plan: DelayPlan) -> gguf.GGUFWriter:
     plan.metadata.set_gguf_meta_model(w)
     _add_backbone_keys(w, hp, plan.params, plan.outtype)
     for key in MOSS_KEYS:
-        w.add_uint32(f"{ARCH_NAME}.{key}", int(moss_value(hp, key)))
+        w.add_uint32(f"{ARCH_NAME}.{key}", int(plan.moss_values[key]))
     if hp.get("sampling_rate") is not None:
         w.add_uint32(f"{ARCH_NAME}.sampling_rate", int(hp["sampling_rate"]))
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     plan.vocab.add_to(w)
     return w
-
-
-def moss_value(hp: dict[str, Any], key: str) -> Any:
-    from ..source.checkpoint import MossConfig
-
-    if hp.get(key) is not None:
-        return hp[key]
-    # a key the config leaves out: the value the rest of moss-gguf assumes (MossConfig's)
-    return getattr(MossConfig.from_dict(hp), key)
 
 
 def _first(hp: dict[str, Any], keys: tuple[str, ...]) -> Any:
