@@ -28,7 +28,6 @@ import json
 import random
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,17 +96,100 @@ OWN_CASES = [
 
 # the pieces generated cases are made of
 PIECES = [
-    "你好", "世界", "今天", "的", "了", "中文", "测试", "こんにちは", "テスト", "한국어",
-    "Hello", "world", "update", "Python", "C++", "npm", "GPT-4", "iPhone",
-    "v2.3.1", "app.js.map", ".env", "3.0.0-rc.1", "a/b-c.py", "10:30", "2026",
-    "3", "42", "3.14", "１２",
-    "https://x.com/a?b=1", "me+x@mail.com", "@user_1", "#话题", "#tag", "r/python",
-    " ", "  ", "\t", "\n", "\u3000", "\u200b",
-    "，", "。", "！", "？", "；", "：", "、", ",", ".", "!", "?", ";", ":",
-    "...", "……", "…", "——", "--", "—", "–", "-", "->", "=>", "→", "<-",
-    "【", "】", "〖", "〗", "『", "』", "「", "」", "《", "》", "“", "”", "(", ")",
-    "[S1]", "[S2]", "{sad}", "[laugh]", "[pause 0.4s]", "# ", "> ", "- ", "1. ",
-    "[link](https://e.com/p)", "??", "!!", "?!", "！？",
+    "你好",
+    "世界",
+    "今天",
+    "的",
+    "了",
+    "中文",
+    "测试",
+    "こんにちは",
+    "テスト",
+    "한국어",
+    "Hello",
+    "world",
+    "update",
+    "Python",
+    "C++",
+    "npm",
+    "GPT-4",
+    "iPhone",
+    "v2.3.1",
+    "app.js.map",
+    ".env",
+    "3.0.0-rc.1",
+    "a/b-c.py",
+    "10:30",
+    "2026",
+    "3",
+    "42",
+    "3.14",
+    "１２",
+    "https://x.com/a?b=1",
+    "me+x@mail.com",
+    "@user_1",
+    "#话题",
+    "#tag",
+    "r/python",
+    " ",
+    "  ",
+    "\t",
+    "\n",
+    "\u3000",
+    "\u200b",
+    "，",
+    "。",
+    "！",
+    "？",
+    "；",
+    "：",
+    "、",
+    ",",
+    ".",
+    "!",
+    "?",
+    ";",
+    ":",
+    "...",
+    "……",
+    "…",
+    "——",
+    "--",
+    "—",
+    "–",
+    "-",
+    "->",
+    "=>",
+    "→",
+    "<-",
+    "【",
+    "】",
+    "〖",
+    "〗",
+    "『",
+    "』",
+    "「",
+    "」",
+    "《",
+    "》",
+    "“",
+    "”",
+    "(",
+    ")",
+    "[S1]",
+    "[S2]",
+    "{sad}",
+    "[laugh]",
+    "[pause 0.4s]",
+    "# ",
+    "> ",
+    "- ",
+    "1. ",
+    "[link](https://e.com/p)",
+    "??",
+    "!!",
+    "?!",
+    "！？",
 ]
 GENERATED = 400
 SEED = 38
@@ -115,7 +197,9 @@ SEED = 38
 
 def generated_cases() -> list[str]:
     rng = random.Random(SEED)
-    return ["".join(rng.choice(PIECES) for _ in range(rng.randint(1, 12))) for _ in range(GENERATED)]
+    return [
+        "".join(rng.choice(PIECES) for _ in range(rng.randint(1, 12))) for _ in range(GENERATED)
+    ]
 
 
 def upstream_commit(checkout: Path) -> str:
@@ -170,10 +254,10 @@ def make_normalize(checkout: Path, commit: str) -> None:
     })  # fmt: skip
 
 
-def write(path: Path, data: dict) -> None:
+def write(path: Path, data: dict, indent: int | None = 1) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(data, ensure_ascii=False, indent=indent) + "\n", encoding="utf-8")
     tmp.replace(path)
     print(f"wrote {path} ({len(data.get('cases', []))} cases)")
 

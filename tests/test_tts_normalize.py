@@ -1,6 +1,8 @@
-"""Text normalisation equals upstream v1.5's `normalize_tts_text` (tests/data/upstream_normalize.json:
-upstream's TEST_CASES, our own cases and generated mixtures, recorded from upstream by
-scripts/upstream_text_rules.py at the commit the file names)."""
+"""Text normalisation equals upstream v1.5's `normalize_tts_text`.
+
+tests/data/upstream_normalize.json holds upstream's TEST_CASES, our own cases and generated
+mixtures with upstream's outputs, recorded by scripts/upstream_text_rules.py at the commit the
+file names."""
 
 from __future__ import annotations
 

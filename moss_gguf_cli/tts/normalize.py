@@ -48,9 +48,7 @@ _SENTENCE_END = "[。！？!?；;]"
 
 _SET_ASIDE = [
     re.compile(r"https?://[^\s\u3000，。！？；、）】》〉」』]+"),
-    re.compile(
-        r"(?<![\w.+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}(?![\w.-])"
-    ),
+    re.compile(r"(?<![\w.+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}(?![\w.-])"),
     re.compile(rf"(?<![{_WORD}])@[A-Za-z0-9_]{{1,32}}"),
     re.compile(rf"(?<![{_WORD}])[ur]/[A-Za-z0-9_]+"),
     re.compile(rf"(?<![{_WORD}])#(?!\s)[^\s#]+"),
@@ -161,3 +159,67 @@ def normalize_text(text: str) -> str:
             break
         text = slot.sub(lambda m: aside[int(m.group(1))], text)
     return text.strip()
+
+
+# ---------------------------------------------------------------- MOSS-TTSD dialogues
+
+# upstream's TTSD app (clis/moss_ttsd_app.py, `normalize_text`) cleans a dialogue before the
+# processor's rules run on it: per speaker turn, brackets, quotes, dashes and tildes go, long
+# pauses and list marks become commas, laughter becomes a tag, and a turn of the same speaker
+# as the one before joins it
+_TURN = re.compile(r"(?=\[S\d+\])")
+_TAGGED = re.compile(r"^(\[S\d+\])\s*(.*)")
+_DROPPED = re.compile("[" + re.escape('【】《》（）『』「」"-_“”～~‘’') + "]")
+_PAUSES = ("——", "……", "...", "⸺", "―", "—", "…")
+_LIST_MARKS = str.maketrans({"；": "，", ";": ",", "：": "，", ":": ",", "、": "，"})
+_MARK_RUN = re.compile(r"([，。？！,.?!])[，。？！,.?!]+")
+
+
+def _turn_text(content: str) -> str:
+    content = _DROPPED.sub("", content)
+    content = re.sub(r"哈{2,}", "[笑]", content)
+    content = re.sub(r"\b(ha(\s*ha)+)\b", "[laugh]", content, flags=re.IGNORECASE)
+    for pause in _PAUSES:
+        content = content.replace(pause, "，")
+    content = _MARK_RUN.sub(r"\1", content.translate(_LIST_MARKS).strip())
+    if len(content) > 1:  # full stops inside a turn become commas; a trailing comma, a stop
+        last = {"，": "。", ",": "."}.get(content[-1], content[-1])
+        content = content[:-1].replace("。", "，") + last
+    return content
+
+
+def normalize_dialogue(text: str) -> str:
+    """A ``[S1]… [S2]…`` dialogue cleaned as upstream's MOSS-TTSD app cleans it (``[1]`` is
+    read as ``[S1]``); `normalize_text` runs on the result afterwards, as the processor's."""
+    text = re.sub(r"\[(\d+)\]", r"[S\1]", text).replace("\n", " ")
+    turns: list[tuple[str, str]] = []
+    for piece in _TURN.split(text):
+        piece = piece.strip()
+        if not piece:
+            continue
+        tagged = _TAGGED.match(piece)
+        tag, content = tagged.groups() if tagged else ("", piece)
+        content = _turn_text(content)
+        if turns and tag and turns[-1][0] == tag:
+            turns[-1] = (tag, turns[-1][1] + content)
+        else:
+            turns.append((tag, content))
+    return "".join(f"{tag}{content}".strip() for tag, content in turns)
+
+
+def merge_turns(text: str) -> str:
+    """Consecutive turns of one speaker joined under one tag (``[S1]a[S1]b`` → ``[S1]ab``)."""
+    out, current = [], None
+    for piece in _TURN.split(text):
+        piece = piece.strip()
+        if not piece:
+            continue
+        tagged = re.match(r"^(\[S\d+\])\s*(.*)", piece, re.DOTALL)
+        if not tagged:
+            out.append(piece)
+        elif tagged.group(1) == current:
+            out.append(tagged.group(2))
+        else:
+            current = tagged.group(1)
+            out.append(current + tagged.group(2))
+    return "".join(out)
