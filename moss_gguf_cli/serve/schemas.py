@@ -46,6 +46,9 @@ class SpeechRequest(BaseModel):
     audio_top_p: float | None = Field(None, gt=0, le=1)
     audio_top_k: int | None = Field(None, ge=0)
     audio_repetition_penalty: float | None = Field(None, gt=0)
+    # MOSS: text rules (docs/text-rules.md)
+    language: str | None = None  # a name or code of GET /v1/audio/languages; auto: none
+    voices: list[str] | None = Field(None, min_length=1)  # MOSS-TTSD: a voice per speaker
 
     @property
     def voice_name(self) -> str:
@@ -75,8 +78,8 @@ def validation_error(errors: list[dict[str, Any]]) -> ApiError:
     if kind == "extra_forbidden":
         message = (
             f"unknown field {field!r}; the fields are OpenAI's (model, input, voice, "
-            "instructions, response_format, speed) and seed, max_new_tokens and the synth "
-            f"YAML's sampling keys ({', '.join(SAMPLING_KEYS)})"
+            "instructions, response_format, speed) and seed, max_new_tokens, language, voices "
+            f"and the synth YAML's sampling keys ({', '.join(SAMPLING_KEYS)})"
         )
     elif kind == "missing":
         message = f"{field} is required"
