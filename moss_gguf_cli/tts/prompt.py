@@ -70,6 +70,7 @@ class Prompt:
     rows: np.ndarray  # (S, 1 + n_vq) int64
     reference_frames: int = 0  # all speakers' reference frames together
     continuation_frames: int = 0  # frames of audio the prompt ends inside (continuation mode)
+    continuation_codes: np.ndarray | None = None  # those frames (T, n_vq): the decoder's context
 
 
 def load_tokenizer(tokenizer_dir: Path):
@@ -235,6 +236,7 @@ def build_prompt(
         rows=rows,
         reference_frames=int(sum(v.shape[0] for v in present)),
         continuation_frames=prefix_frames,
+        continuation_codes=prefix,
     )
 
 

@@ -27,6 +27,7 @@ from ..errors import InputError, OutputError, UsageError
 from ..progress import ProgressReporter, ensure
 from .backbone import Backbone, BackboneSettings
 from .codec import (
+    FRAME_SAMPLES,
     SAMPLE_RATE,
     AudioCodec,
     loudness_normalize,
@@ -208,7 +209,7 @@ class Synthesizer:
         segments = _complete_frames(generated_segments(rows, self.info), self.info.audio_pad_code)
         if not segments:
             raise _no_frames(profile)
-        waveform = self._decode(segments, profile, progress)
+        waveform = self._decode(segments, profile, progress, run.prompt.continuation_codes)
         profile.total_s = time.perf_counter() - run.t_start
         result = SynthResult(waveform=waveform, codes=segments, rows=rows, profile=profile)
         self.last_profile, self.last_result = profile, result
@@ -451,15 +452,25 @@ class Synthesizer:
             raise u.error
 
     def _decode(
-        self, segments: list[np.ndarray], profile: SynthProfile, progress: ProgressReporter
+        self,
+        segments: list[np.ndarray],
+        profile: SynthProfile,
+        progress: ProgressReporter,
+        context: np.ndarray | None = None,
     ) -> np.ndarray:
-        """The segments' audio, one after the other, loudness-normalised."""
+        """The segments' audio, one after the other, loudness-normalised. CONTEXT: the audio
+        the first segment continues (a continuation prompt's codes); decoded before it and cut
+        off, as upstream trims it, so the first frames sound as they follow it."""
         assert self.codec is not None
         t0 = time.perf_counter()
         progress.start("decode", "decoding audio", total=len(segments), unit="segments")
         pieces = []
-        for segment in segments:
-            pieces.append(self.codec.decode(segment))
+        for i, segment in enumerate(segments):
+            if i == 0 and context is not None and context.shape[0]:
+                audio = self.codec.decode(np.concatenate([context, segment]))
+                pieces.append(audio[context.shape[0] * FRAME_SAMPLES :])
+            else:
+                pieces.append(self.codec.decode(segment))
             progress.advance("decode", 1)
         progress.finish("decode")
         waveform = loudness_normalize(np.concatenate(pieces))
