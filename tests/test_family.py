@@ -188,21 +188,131 @@ def test_synth_speaks_with_single_speaker_variants(variant: str, built, tmp_path
     assert rate == 24000 and len(audio) % 1920 == 0
 
 
-def test_synth_refuses_ttsd_clearly(built, tmp_path: Path) -> None:
+def _clip(path: Path, hz: float, seconds: float) -> Path:
+    import soundfile as sf
+
+    t = np.arange(int(24000 * seconds)) / 24000
+    sf.write(path, 0.3 * np.sin(2 * np.pi * hz * t), 24000)
+    return path
+
+
+def test_ttsd_speaks_a_dialogue_with_a_voice_per_speaker(built, tmp_path: Path) -> None:
+    import soundfile as sf
+
     out, _ = built["tiny-ttsd"]
+    alice, bob = _clip(tmp_path / "a.wav", 220, 1.0), _clip(tmp_path / "b.wav", 330, 0.5)
+    wav = tmp_path / "talk.wav"
     proc = cli(
-        "synth",
-        "--config",
-        str(out / "moss-tts.yaml"),
-        "--text",
-        "Hello",
-        "--output",
-        str(tmp_path / "x.wav"),
-    )
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "TTSD" in lines[0]
+        "synth", "--config", str(out / "moss-tts.yaml"), "--output", str(wav),
+        "--text", "[S1] Did you hear? [S2] I did. [S1] And?",
+        "--reference", str(alice), "--reference-text", "Hi, I'm Alice.",
+        "--reference", str(bob), "--reference-text", "And I'm Bob.",
+        "--max-new-tokens", "40", "--threads", "1", "--seed", "1", "--language", "en",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    audio, rate = sf.read(wav)
+    assert rate == 24000 and len(audio) > 0 and len(audio) % 1920 == 0
+
+
+def test_ttsd_prompt_carries_both_clips_and_their_join(built, tmp_path: Path) -> None:
+    from moss_gguf_cli.tts import Speaker, SynthConfig, Synthesizer
+
+    out, _ = built["tiny-ttsd"]
+    alice, bob = _clip(tmp_path / "a.wav", 220, 1.0), _clip(tmp_path / "b.wav", 330, 0.5)
+    with Synthesizer(SynthConfig.from_yaml(out / "moss-tts.yaml")) as tts:
+        info = tts.info
+        clips = [tts.encode_reference(alice), tts.encode_reference(bob)]
+        run = tts.prepare(
+            "[S1] Did you hear? [S2] I did.",
+            speakers=[Speaker("Hi, I'm Alice.", alice), Speaker("And I'm Bob.", bob)],
+        )
+    rows, ids = run.prompt.rows, run.prompt.rows[:, 0]
+    assert info.n_vq == 16 and rows.shape[1] == 17
+    assert "[S1]:\n" in run.prompt.text and "\n[S2]:\n" in run.prompt.text
+    assert "[S1]Hi, I'm Alice.[S2]And I'm Bob.[S1]Did you hear?[S2]I did." in run.prompt.text
+    starts = np.flatnonzero(ids == info.audio_start_token_id)
+    assert len(starts) == 3  # two references, then the assistant's joined clips
+    for start, codes in zip(starts[:2], clips, strict=True):
+        first = rows[start + 1 : start + 1 + codes.shape[0], 1]  # codebook 0, undelayed
+        np.testing.assert_array_equal(first, codes[:, 0])
+    # continuation: the prompt ends on the gen slot of the joined clips' last frame
+    joined = run.prompt.continuation_frames
+    assert ids[-1] == info.audio_assistant_gen_slot_token_id
+    assert joined == len(ids) - 1 - starts[2]
+    assert abs(joined - sum(c.shape[0] for c in clips)) <= 1  # one encode of both waveforms
+
+
+def test_ttsd_refuses_what_it_cannot_speak_in_one_line(built, tmp_path: Path) -> None:
+    out, _ = built["tiny-ttsd"]
+    clip = _clip(tmp_path / "a.wav", 220, 0.5)
+    config = str(out / "moss-tts.yaml")
+    cases = {
+        "speaker tags": ["--text", "Hello"],
+        "--reference-text": ["--text", "[S1] Hi", "--reference", str(clip)],
+        "pairs": ["--text", "[S1] Hi", "--reference", str(clip), "--reference-text", "a",
+                  "--reference-text", "b"],
+    }  # fmt: skip
+    for expected, args in cases.items():
+        proc = cli("synth", "--config", config, "--output", str(tmp_path / "x.wav"), *args)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2, (expected, proc.stderr)
+        assert expected in lines[-1] and "Traceback" not in proc.stderr, (expected, proc.stderr)
     assert not (tmp_path / "x.wav").exists()
+
+
+def test_ttsd_server_takes_a_stored_voice_per_speaker(built, tmp_path: Path) -> None:
+    """`serve` on a MOSS-TTSD folder: `voices` names a stored voice (clip + transcript) per
+    speaker; a voice without a transcript, a missing one or an untagged input is a 400/404
+    naming the field."""
+    import httpx
+    from test_serve import start_serve
+
+    out, _ = built["tiny-ttsd"]
+    server = start_serve(out / "moss-tts.yaml", tmp_path / "serve.log",
+                         "--voices", str(tmp_path / "voices"))  # fmt: skip
+    try:
+        with httpx.Client(base_url=server.url, timeout=120) as http:
+            for name, hz, text in (("alice", 220, "Hi, I'm Alice."), ("bob", 330, "I'm Bob."),
+                                   ("mute", 440, None)):  # fmt: skip
+                clip = _clip(tmp_path / f"{name}.wav", hz, 0.6)
+                with open(clip, "rb") as fh:
+                    data = {"name": name, **({"text": text} if text else {})}
+                    reply = http.post("/v1/audio/voices", data=data, files={"file": fh})
+                assert reply.status_code == 200, reply.text
+            body = {"model": "moss-ttsd", "input": "[S1] Did you hear? [S2] I did.",
+                    "response_format": "wav", "max_new_tokens": 30, "seed": 1}  # fmt: skip
+            reply = http.post("/v1/audio/speech", json={**body, "voices": ["alice", "bob"]})
+            assert reply.status_code == 200, reply.text
+            assert reply.content[:4] == b"RIFF"
+            for extra, status, param in (
+                ({"voices": ["alice", "mute"]}, 400, "voices"),
+                ({"voices": ["alice", "nobody"]}, 404, "voices"),
+                ({"voices": ["alice"], "input": "no tags here"}, 400, "input"),
+            ):
+                reply = http.post("/v1/audio/speech", json={**body, **extra})
+                assert reply.status_code == status, reply.text
+                assert reply.json()["error"]["param"] == param
+    finally:
+        server.stop()
+    assert "Traceback" not in server.text()
+
+
+def test_sound_effect_speaks_its_ambient_sound_with_text_none(built, tmp_path: Path) -> None:
+    from moss_gguf_cli.tts import SynthConfig, Synthesizer
+
+    out, _ = built["tiny-soundeffect"]
+    wav = tmp_path / "rain.wav"
+    proc = cli(
+        "synth", "--config", str(out / "moss-tts.yaml"), "--output", str(wav),
+        "--ambient-sound", "雷声隆隆，雨声淅沥。", "--tokens", "25",
+        "--max-new-tokens", "60", "--threads", "1", "--seed", "2",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert wav.is_file() and wav.stat().st_size > 44
+    with Synthesizer(SynthConfig.from_yaml(out / "moss-tts.yaml")) as tts:
+        # the text of a SoundEffect request is the sound to make, as upstream's card builds it
+        text = tts.prepare("Rain on a tin roof").prompt.text
+    assert "- Ambient Sound:\nRain on a tin roof\n" in text and "- Text:\nNone\n" in text
 
 
 @pytest.mark.parametrize("variant", ["tiny-ttsd", "tiny-voicegen", "tiny-soundeffect"])

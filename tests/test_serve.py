@@ -214,6 +214,41 @@ def test_instructions_reach_the_prompt(client, greedy_wav):
     assert not np.array_equal(data, greedy_wav)
 
 
+def test_language_names_and_codes_reach_the_prompt(client, http, greedy_wav):
+    """`language` takes a name or a code (the same name in the prompt: the same audio); auto
+    is no tag at all; anything else is a 400 naming the field and listing the names."""
+    by_code = speak(client, "pcm", language="zh")
+    assert by_code == speak(client, "pcm", language="Chinese")
+    assert by_code != speak(client, "pcm", language="en")
+    auto = client.audio.speech.create(model="moss-tts", voice="alloy", input=TEXT,
+                                      response_format="wav",
+                                      extra_body={**GREEDY, "language": "auto"}).content
+    assert np.array_equal(sf.read(io.BytesIO(auto), dtype="float32")[0], greedy_wav)
+    reply = http.post("/v1/audio/speech", json={"model": "moss-tts", "input": TEXT,
+                                                "language": "klingon", **GREEDY})  # fmt: skip
+    error = error_of(reply, 400, "language")
+    assert "klingon" in error["message"] and "Persian (Farsi)" in error["message"]
+    assert "\n" not in error["message"]
+
+
+def test_the_languages_route_lists_upstreams_names(http):
+    from moss_gguf_cli.tts.language import LANGUAGES
+
+    reply = http.get("/v1/audio/languages")
+    assert reply.status_code == 200
+    body = reply.json()
+    names = [entry["name"] for entry in body["data"]]
+    assert names == list(LANGUAGES) and len(names) == 31 and body["auto"] == "auto"
+    codes = {entry["name"]: entry["codes"] for entry in body["data"]}
+    assert "zh" in codes["Chinese"] and "yue" in codes["Cantonese"] and "en" in codes["English"]
+
+
+def test_voices_per_speaker_are_for_dialogue_models_only(http):
+    reply = http.post("/v1/audio/speech", json={"model": "moss-tts", "input": TEXT,
+                                                "voices": ["a", "b"], **GREEDY})  # fmt: skip
+    assert "MOSS-TTSD" in error_of(reply, 400, "voices")["message"]
+
+
 # ---------------------------------------------------------------- voices
 
 

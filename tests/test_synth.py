@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +16,7 @@ from conftest import write_yaml
 from typer.testing import CliRunner
 
 from moss_gguf_cli.cli.app import app
-from moss_gguf_cli.errors import InputError, UnsupportedModelError, UsageError
+from moss_gguf_cli.errors import InputError, UsageError
 from moss_gguf_cli.tts import SynthConfig, Synthesizer, synth_to_wav
 from moss_gguf_cli.tts.codec import FRAME_SAMPLES
 from moss_gguf_cli.tts.config import ModelInfo, find_model_info
@@ -142,25 +140,6 @@ def test_model_facts_come_from_the_meta(weights, config, tmp_path):
         source=bare / "x.yaml",
     )
     assert find_model_info(cfg) == ModelInfo(n_vq=3)
-
-
-def test_ttsd_is_refused_with_one_line(weights, tmp_path):
-    folder = tmp_path / "ttsd"
-    shutil.copytree(weights, folder, symlinks=True)
-    meta = json.loads((folder / "extraction_meta.json").read_text())
-    meta["source_model"] = "OpenMOSS-Team/MOSS-TTSD-v1.0"
-    meta["moss_config"]["_name_or_path"] = "OpenMOSS-Team/MOSS-TTSD-v1.0"
-    meta["moss_config"]["n_vq"] = meta["n_vq"] = 16
-    (folder / "extraction_meta.json").write_text(json.dumps(meta))
-    config = SynthConfig.from_yaml(folder / "moss-tts.yaml")
-    with pytest.raises(UnsupportedModelError) as err:
-        Synthesizer(config)
-    line = err.value.one_line()
-    assert "MOSS-TTSD" in line and "\n" not in line
-    result = CliRunner().invoke(
-        app, ["synth", "-c", str(folder / "moss-tts.yaml"), "--text", "Hi", "-o", "x.wav"]
-    )
-    assert result.exit_code == 2 and "MOSS-TTSD" in result.output
 
 
 # ---------------------------------------------------------------- end to end

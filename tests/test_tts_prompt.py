@@ -1,6 +1,11 @@
-"""Prompt text and rows: ids, shape S × (1 + n_vq), reference codes in delay pattern."""
+"""Prompt text and rows: ids, shape S × (1 + n_vq), reference codes in delay pattern; equal to
+upstream's processor id for id (tests/data/upstream_prompts.json, made once by
+scripts/upstream_text_rules.py from upstream's MossTTSDelayProcessor at the commit it names)."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -8,7 +13,12 @@ import pytest
 from moss_gguf_cli.errors import InputError
 from moss_gguf_cli.source.tiny import tokenizer_source
 from moss_gguf_cli.tts.config import ModelInfo
-from moss_gguf_cli.tts.prompt import PromptFields, build_prompt, load_tokenizer
+from moss_gguf_cli.tts.normalize import merge_turns, normalize_dialogue, normalize_text
+from moss_gguf_cli.tts.prompt import PromptFields, build_prompt, dialogue_text, load_tokenizer
+
+GOLDEN = json.loads(
+    (Path(__file__).parent / "data" / "upstream_prompts.json").read_text(encoding="utf-8")
+)
 
 INFO = ModelInfo()  # MOSS-TTS: n_vq 32, pad code 1024, the real special ids
 EXPECTED_TEXT = (
@@ -128,3 +138,80 @@ def test_tokenizer_without_the_special_ids(tokenizer):
     info = ModelInfo(audio_start_token_id=10_000_000)
     with pytest.raises(InputError, match="no token with id 10000000"):
         build_prompt(tokenizer, info, PromptFields(text="Hi"))
+
+
+# ---------------------------------------------------------------- upstream's processor, id for id
+
+
+def _codes(listed):
+    return None if listed is None else np.asarray(listed, dtype=np.int64)
+
+
+def _ours(tokenizer, case: dict):
+    """Our prompt for a golden case, from the same inputs upstream's processor got."""
+    fields = dict(case["fields"])
+    n_vq = len(case["input_ids"][0]) - 1
+    if case["model"] == "MOSS-TTSD":
+        text = dialogue_text(fields.pop("text"), fields.pop("speaker_texts", ()))
+        assert text == fields.pop("text_as_sent")  # the TTSD app's text, built as it builds it
+        fields["text"] = text
+    text = fields.pop("text")
+    fields = PromptFields(text=None if text is None else normalize_text(text), **fields)
+    speakers = case["speakers"]
+    return build_prompt(
+        tokenizer,
+        ModelInfo(n_vq=n_vq),
+        fields,
+        speakers=None if speakers is None else [_codes(c) for c in speakers],
+        continuation=_codes(case["continuation"]),
+    )
+
+
+def test_golden_data_covers_the_four_model_kinds() -> None:
+    assert len(GOLDEN["commit"]) == 40 and "upstream_text_rules.py" in GOLDEN["command"]
+    models = {case["model"] for case in GOLDEN["cases"]}
+    assert models == {"MOSS-TTS", "MOSS-TTSD", "MOSS-VoiceGenerator", "MOSS-SoundEffect"}
+    ttsd = [c for c in GOLDEN["cases"] if c["name"] == "ttsd_two_speakers_cloned"][0]
+    assert len(ttsd["speakers"]) == 2 and ttsd["mode"] == "continuation"
+
+
+@pytest.mark.parametrize("case", GOLDEN["cases"], ids=[c["name"] for c in GOLDEN["cases"]])
+def test_equals_upstreams_processor(tokenizer, case: dict) -> None:
+    prompt = _ours(tokenizer, case)
+    expected = np.asarray(case["input_ids"], dtype=np.int64)
+    if case["mode"] == "generation":
+        # upstream's model adds the audio-start itself; ours is in the prompt
+        assert prompt.rows[-1, 0] == INFO.audio_start_token_id
+        assert (prompt.rows[-1, 1:] == INFO.audio_pad_code).all()
+        np.testing.assert_array_equal(prompt.rows[:-1], expected)
+    else:
+        np.testing.assert_array_equal(prompt.rows, expected)
+        assert prompt.continuation_frames == len(case["continuation"])
+
+
+@pytest.mark.parametrize("case", GOLDEN["dialogue_text"], ids=lambda c: c["input"][:20])
+def test_dialogue_cleaning_equals_upstreams_app(case: dict) -> None:
+    assert normalize_dialogue(case["input"]) == case["normalize_text"]
+    assert merge_turns(case["input"]) == case["merged"]
+
+
+def test_sound_effect_text_may_be_absent_with_an_ambient_sound(tokenizer) -> None:
+    prompt = build_prompt(tokenizer, INFO, PromptFields(text=None, ambient_sound="rain"))
+    assert "- Ambient Sound:\nrain\n" in prompt.text and "- Text:\nNone\n" in prompt.text
+    with pytest.raises(InputError, match="empty"):
+        build_prompt(tokenizer, INFO, PromptFields(text=None))
+
+
+def test_a_dialogue_without_tags_is_refused() -> None:
+    with pytest.raises(InputError, match="speaker tags"):
+        dialogue_text("Hello there, no tags.")
+    with pytest.raises(InputError, match="transcript of speaker S2"):
+        dialogue_text("[S1] Hi [S2] Yo", ["[S1] a", "  "])
+
+
+def test_speakers_without_a_clip_are_left_out(tokenizer) -> None:
+    info = ModelInfo(n_vq=16)
+    codes = np.ones((3, 16), dtype=np.int64)
+    prompt = build_prompt(tokenizer, info, PromptFields(text="[S1]a[S2]b"), speakers=[None, codes])
+    assert "- Reference(s):\n[S2]:\n" in prompt.text and "[S1]:" not in prompt.text
+    assert prompt.reference_frames == 3

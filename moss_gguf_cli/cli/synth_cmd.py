@@ -12,7 +12,8 @@ from rich.table import Table
 from ..doctor import preflight
 from ..errors import InputError, UsageError
 from ..quantize.engines import Engine
-from ..tts import SynthConfig, SynthProfile, synth_stream, synth_to_wav
+from ..tts import Speaker, SynthConfig, SynthProfile, synth_stream, synth_to_wav
+from ..tts.language import language_name
 from ._command import command
 from ._options import Quiet, Verbose
 from ._output import OutputMode, info, progress_for, setup_logging, stderr, stdout
@@ -24,6 +25,15 @@ EXAMPLES = """
 
   moss-gguf synth --config weights/moss-tts.yaml --text-file story.txt --output story.wav \\
       --reference voice.flac --language en --seed 7
+
+  # MOSS-TTSD: a dialogue, a clip and what it says once per speaker, in order ([S1], [S2])
+  moss-gguf synth --config weights-ttsd/moss-tts.yaml -o talk.wav \\
+      --text "[S1] Did you hear? [S2] I did. [S1] And?" \\
+      --reference alice.wav --reference-text "Hi, I'm Alice." \\
+      --reference bob.wav --reference-text "And I'm Bob."
+
+  # MOSS-SoundEffect: the text is the sound to make
+  moss-gguf synth --config weights-sfx/moss-tts.yaml --text "Rain on a tin roof" -o rain.wav
 
   echo "Read from stdin." | moss-gguf synth --config weights/moss-tts.yaml --text - -o out.wav
 
@@ -56,9 +66,25 @@ def synth_command(
     ] = Path("output.wav"),
     text: Annotated[str | None, typer.Option(help="Text to speak; '-' reads stdin.")] = None,
     text_file: Annotated[Path | None, typer.Option(help="Read the text from a file.")] = None,
-    reference: Annotated[Path | None, typer.Option(help="Voice to clone (any audio).")] = None,
+    reference: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="Voice to clone (any audio); MOSS-TTSD: once per speaker, in order, each "
+            "with --reference-text."
+        ),
+    ] = None,
+    reference_text: Annotated[
+        list[str] | None,
+        typer.Option(help="What the --reference clip says (MOSS-TTSD), once per speaker."),
+    ] = None,
     instruction: Annotated[str | None, typer.Option(help="Style instruction.")] = None,
-    language: Annotated[str | None, typer.Option(help="Language hint, e.g. en, zh.")] = None,
+    language: Annotated[
+        str | None,
+        typer.Option(
+            help="Language name or code: English, Chinese, en, zh, yue, ja, … (auto: none; "
+            "docs/text-rules.md lists them)."
+        ),
+    ] = None,
     tokens: Annotated[int | None, typer.Option(help="Target length in audio tokens.")] = None,
     quality: Annotated[str | None, typer.Option(help="Quality hint.")] = None,
     sound_event: Annotated[str | None, typer.Option(help="Sound event (SoundEffect).")] = None,
@@ -119,6 +145,7 @@ def synth_command(
 ) -> None:
     mode = OutputMode(quiet=quiet, verbose=verbose)
     setup_logging(mode)
+    language_name(language)  # a wrong language is one line now, not after minutes of loading
     settings = SynthConfig.from_yaml(config).override(
         max_new_tokens=max_new_tokens,
         text_temperature=text_temperature,
@@ -136,7 +163,9 @@ def synth_command(
         low_memory=low_memory or None,
         profile=profile or None,
     )
-    words = _read_text(text, text_file)
+    described = ambient_sound is not None or sound_event is not None
+    words = _read_text(text, text_file, may_be_absent=described)
+    voice, speakers = _voices(reference or [], reference_text or [])
     # the llama.cpp runtime probe (cached once per build) catches a crashing build up front
     preflight(
         needs_quantize=False,
@@ -146,9 +175,10 @@ def synth_command(
         llama_cpp=None,
         engine=Engine.AUTO,
     )
-    options = dict(reference=reference, instruction=instruction, tokens=tokens, quality=quality,
+    options = dict(reference=voice, instruction=instruction, tokens=tokens, quality=quality,
                    language=language, seed=seed, sound_event=sound_event,
-                   ambient_sound=ambient_sound, normalize=normalize)  # fmt: skip
+                   ambient_sound=ambient_sound, normalize=normalize,
+                   speakers=speakers)  # fmt: skip
     with progress_for(mode) as bar:
         result = _speak(settings, output, words, stream, bar, options)
     p = result.profile
@@ -159,7 +189,9 @@ def synth_command(
         typer.echo(str(result.output))
 
 
-def _speak(settings: SynthConfig, output: Path, words: str, stream: bool, bar, options: dict):
+def _speak(
+    settings: SynthConfig, output: Path, words: str | None, stream: bool, bar, options: dict
+):
     """A WAV written at the end, or (--stream) the audio written as it is made: raw 16-bit
     PCM to stdout for `--output -`, a WAV for a .wav file, raw PCM for any other name."""
     if not stream:
@@ -172,7 +204,26 @@ def _speak(settings: SynthConfig, output: Path, words: str, stream: bool, bar, o
     return synth_stream(settings, output, words, fmt, progress=bar, **options)
 
 
-def _read_text(text: str | None, text_file: Path | None) -> str:
+def _voices(references: list[Path], texts: list[str]) -> tuple[Path | None, list[Speaker]]:
+    """One voice to clone, or (with --reference-text) a clip and transcript per speaker."""
+    if not texts:
+        if len(references) > 1:
+            raise UsageError(
+                "several --reference clips need a --reference-text each (a MOSS-TTSD dialogue: "
+                "the clip and what it says, once per speaker, in order)"
+            )
+        return (references[0] if references else None), []
+    if len(texts) != len(references):
+        raise UsageError(
+            f"{len(references)} --reference and {len(texts)} --reference-text: give them in "
+            "pairs, once per speaker, in order ([S1], [S2], …)"
+        )
+    return None, [Speaker(text=t, reference=r) for r, t in zip(references, texts, strict=True)]
+
+
+def _read_text(text: str | None, text_file: Path | None, may_be_absent: bool = False) -> str | None:
+    if text is None and text_file is None and may_be_absent:
+        return None  # MOSS-SoundEffect: the ambient sound says what to make
     if (text is None) == (text_file is None):
         raise UsageError("give exactly one of --text and --text-file")
     if text == "-":

@@ -31,8 +31,11 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from ..errors import is_debug
+from ..errors import InputError, is_debug
+from ..tts import Speaker
 from ..tts.codec import FRAME_SAMPLES
+from ..tts.language import language_name, languages
+from ..tts.prompt import SPEAKER_TAG
 from . import audio
 from .api_errors import ApiError
 from .metrics import CONTENT_TYPE, Metrics
@@ -86,8 +89,15 @@ class Service:
             raise ApiError(413, f"instructions is {len(body.instructions)} characters, the "
                            f"limit is {MAX_INSTRUCTIONS_CHARS}; shorten it",
                            param="instructions", code="instructions_too_long")  # fmt: skip
-        codes = None
-        if body.voice_name != DEFAULT_VOICE and body.voice_name not in OPENAI_VOICES:
+        try:
+            language = language_name(body.language)
+        except InputError as exc:
+            hint = f" ({exc.hint})" if exc.hint else ""
+            raise ApiError(400, exc.message + hint, param="language",
+                           code="invalid_value") from None  # fmt: skip
+        codes, speakers = None, self.dialogue_voices(body)
+        custom = body.voice_name != DEFAULT_VOICE and body.voice_name not in OPENAI_VOICES
+        if custom and not speakers:
             codes = self.voices.load(body.voice_name).codes
         return SpeechJob(
             text=body.input,
@@ -96,7 +106,37 @@ class Service:
             seed=body.seed,
             max_new_tokens=body.max_new_tokens,
             sampling=body.sampling(),
+            language=language,
+            speakers=speakers,
         )
+
+    def dialogue_voices(self, body: SpeechRequest) -> list[Speaker] | None:
+        """MOSS-TTSD: the stored voices, one per speaker in order, each with what its clip
+        says (a `voice` alone is speaker S1); None for the other models, which take `voice`."""
+        variant = self.scheduler.tts.info.variant
+        if variant != "MOSS-TTSD":
+            if body.voices is not None:
+                raise ApiError(400, f"voices (one per speaker) is for MOSS-TTSD dialogues; "
+                               f"this server speaks {variant}: send one voice",
+                               param="voices", code="invalid_value")  # fmt: skip
+            return None
+        if not SPEAKER_TAG.search(body.input):
+            raise ApiError(400, "input is a MOSS-TTSD dialogue and needs speaker tags: "
+                           "[S1] Hello. [S2] Hi!", param="input", code="invalid_value")  # fmt: skip
+        names, param = body.voices, "voices"
+        if names is None:
+            if body.voice_name == DEFAULT_VOICE or body.voice_name in OPENAI_VOICES:
+                return None  # a dialogue in voices of the model's choosing
+            names, param = [body.voice_name], "voice"
+        speakers = []
+        for number, name in enumerate(names, start=1):
+            voice = self.voices.load(name, param=param)
+            if not voice.text:
+                raise ApiError(400, f"voice {name!r} (speaker S{number}) has no transcript; "
+                               "register it again with the form field text: what the clip says",
+                               param=param, code="invalid_value")  # fmt: skip
+            speakers.append(Speaker(text=voice.text, codes=voice.codes))
+        return speakers
 
     def render(self, waveform, fmt: str, speed: float) -> bytes:
         return audio.encode(audio.change_speed(waveform, self.rate, speed), self.rate, fmt)
@@ -138,8 +178,8 @@ def _errors(app: FastAPI) -> None:
         message = f"{request.method} {request.url.path[:200]}: {exc.detail}"
         if exc.status_code in (404, 405):
             message += "; the routes are POST /v1/audio/speech, GET and POST " \
-                       "/v1/audio/voices, DELETE /v1/audio/voices/NAME, GET /v1/models, " \
-                       "/health, /metrics"  # fmt: skip
+                       "/v1/audio/voices, DELETE /v1/audio/voices/NAME, " \
+                       "GET /v1/audio/languages, GET /v1/models, /health, /metrics"  # fmt: skip
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
         return error_response(ApiError(exc.status_code, message, code=code))
 
@@ -236,6 +276,11 @@ def _voice_routes(app: FastAPI, service: Service) -> None:
                 codes = await service.scheduler.encode_voice(clip)
         voice = await run_in_threadpool(service.voices.save, name, codes, text)
         return voice.to_dict(frame_s)
+
+    @app.get("/v1/audio/languages")
+    async def list_languages() -> dict[str, Any]:
+        # what `language` takes; a client fills its selector from it (auto: no tag)
+        return {"object": "list", "auto": "auto", "data": [x.to_dict() for x in languages()]}
 
     @app.get("/v1/audio/voices")
     async def list_voices() -> dict[str, Any]:

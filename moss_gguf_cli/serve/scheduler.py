@@ -39,7 +39,7 @@ import numpy as np
 from ..errors import is_debug
 from ..hold_points import hold
 from ..progress import NullProgress
-from ..tts import Synthesizer, SynthProfile, SynthResult
+from ..tts import Speaker, Synthesizer, SynthProfile, SynthResult
 from ..tts.engine import Engine, Utterance
 from .api_errors import QueueFull, ShuttingDown, Stalled
 from .failures import Cancelled, api_error
@@ -57,12 +57,15 @@ class SpeechJob:
     seed: int | None = None
     max_new_tokens: int | None = None
     sampling: dict[str, float] = field(default_factory=dict)
+    language: str | None = None  # a name of tts/language.py, checked by the route
+    speakers: list[Speaker] | None = None  # MOSS-TTSD: a stored voice per speaker
 
     def options(self) -> dict[str, Any]:
         """Synthesizer.prepare's keyword options."""
         return {"reference_codes": self.reference_codes, "instruction": self.instruction,
                 "seed": self.seed, "max_new_tokens": self.max_new_tokens,
-                "sampling": self.sampling or None}  # fmt: skip
+                "sampling": self.sampling or None, "language": self.language,
+                "speakers": self.speakers}  # fmt: skip
 
 
 @dataclass(eq=False)

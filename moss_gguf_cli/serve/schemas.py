@@ -21,6 +21,7 @@ from .api_errors import ApiError
 from .audio import SPEED_RANGE
 from .settings import DEFAULT_VOICE, MAX_NAME_CHARS
 
+MAX_SPEAKERS = 16  # more turns than MOSS-TTSD's speaker tags ever name
 MAX_NEW_TOKENS = 1 << 20  # beyond any context: the server's n_ctx bounds it further
 TEMPERATURE = {"ge": 0, "le": TEMPERATURE_MAX}
 PENALTY = {"ge": PENALTY_RANGE[0], "le": PENALTY_RANGE[1]}
@@ -54,6 +55,13 @@ class SpeechRequest(BaseModel):
     audio_top_p: float | None = Field(None, gt=0, le=1)
     audio_top_k: int | None = Field(None, ge=0, le=TOP_K_MAX)
     audio_repetition_penalty: float | None = Field(None, **PENALTY)
+    # MOSS: text rules (docs/text-rules.md)
+    # a name or code of GET /v1/audio/languages; auto: none
+    language: str | None = Field(None, max_length=MAX_NAME_CHARS)
+    # MOSS-TTSD: a stored voice per speaker
+    voices: list[Annotated[str, Field(max_length=MAX_NAME_CHARS)]] | None = Field(
+        None, min_length=1, max_length=MAX_SPEAKERS
+    )
 
     @property
     def voice_name(self) -> str:
@@ -116,8 +124,8 @@ def validation_error(errors: list[dict[str, Any]]) -> ApiError:
     if kind == "extra_forbidden":
         message = (
             f"unknown field {field!r}; the fields are OpenAI's (model, input, voice, "
-            "instructions, response_format, speed) and seed, max_new_tokens and the synth "
-            f"YAML's sampling keys ({', '.join(SAMPLING_KEYS)})"
+            "instructions, response_format, speed) and seed, max_new_tokens, language, voices "
+            f"and the synth YAML's sampling keys ({', '.join(SAMPLING_KEYS)})"
         )
     elif kind == "missing":
         message = f"{field} is required"

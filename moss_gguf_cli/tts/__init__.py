@@ -7,7 +7,8 @@ with Synthesizer(SynthConfig.from_yaml("weights-demo/moss-tts.yaml")) as tts:
 
 Holds: config (the synth YAML; defaults in defaults.py), prompt, delay (the delay pattern's
 state machine), sampling, embeddings, heads, backbone (llama.cpp), codec (the ONNX audio
-tokenizer), normalize, synthesizer (the loop), streaming (windowed decoding while it speaks).
+tokenizer), normalize and language (text rules), synthesizer (the loop), streaming
+(windowed decoding while it speaks).
 
 May import: source/, gguf/, disk/, native/ and the top level (errors, progress, report,
 hold_points) (rank 4); never quantize/ (beside it), verify/, doctor/, pipeline/ or cli/.
@@ -15,6 +16,7 @@ hold_points) (rank 4); never quantize/ (beside it), verify/, doctor/, pipeline/ 
 
 from .config import ModelInfo, SynthConfig
 from .synthesizer import (
+    Speaker,
     Synthesizer,
     SynthProfile,
     SynthResult,
@@ -25,6 +27,7 @@ from .synthesizer import (
 
 __all__ = [
     "ModelInfo",
+    "Speaker",
     "SynthConfig",
     "SynthProfile",
     "SynthResult",

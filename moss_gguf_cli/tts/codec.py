@@ -100,8 +100,9 @@ def resample(wav: np.ndarray, rate_in: int, rate_out: int = SAMPLE_RATE) -> np.n
     return out
 
 
-def read_reference(path: Path) -> np.ndarray:
-    """A reference recording as 24 kHz mono float32, loudness-normalised."""
+def read_reference(path: Path, loudness: bool = True) -> np.ndarray:
+    """A reference recording as 24 kHz mono float32, loudness-normalised unless LOUDNESS is
+    False (clips joined before encoding are normalised once, joined, as upstream does)."""
     import soundfile as sf
 
     path = Path(path)
@@ -120,7 +121,8 @@ def read_reference(path: Path) -> np.ndarray:
     mono = data.mean(axis=1) if data.shape[1] > 1 else data[:, 0]
     if not np.all(np.isfinite(mono)):
         raise InputError("the reference audio holds NaN/inf samples", path=path)
-    return loudness_normalize(resample(mono, int(rate), SAMPLE_RATE))
+    wav = resample(mono, int(rate), SAMPLE_RATE)
+    return loudness_normalize(wav) if loudness else wav
 
 
 def pad_to_frames(wav: np.ndarray) -> np.ndarray:

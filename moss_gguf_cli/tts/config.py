@@ -376,13 +376,6 @@ class ModelInfo:
                 path=self.source,
                 hint="this variant's own tokenizer has no ONNX export",
             )
-        if self.variant == "MOSS-TTSD":
-            raise UnsupportedModelError(
-                f"MOSS-TTSD (n_vq {self.n_vq}) needs a multi-speaker dialogue prompt that "
-                "synth does not build",
-                path=self.source,
-                hint="synth speaks MOSS-TTS weights; use the upstream MOSS-TTSD tools for dialogue",
-            )
 
 
 def find_model_info(config: SynthConfig) -> ModelInfo:

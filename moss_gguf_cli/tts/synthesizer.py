@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -27,6 +27,7 @@ from ..errors import InputError, OutputError, UsageError
 from ..progress import ProgressReporter, ensure
 from .backbone import Backbone, BackboneSettings
 from .codec import (
+    FRAME_SAMPLES,
     SAMPLE_RATE,
     AudioCodec,
     loudness_normalize,
@@ -37,8 +38,9 @@ from .delay import generated_segments
 from .embeddings import EmbeddingTables
 from .engine import Engine, Run, SynthProfile, Utterance
 from .heads import AudioHeads
+from .language import language_name
 from .normalize import normalize_text
-from .prompt import Prompt, PromptFields, build_prompt, load_tokenizer
+from .prompt import Prompt, PromptFields, build_prompt, dialogue_text, load_tokenizer
 from .sampling import Sampler, SamplingParams
 from .streaming import (
     Chunker,
@@ -52,6 +54,26 @@ from .streaming import (
 )
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Speaker:
+    """One speaker of a MOSS-TTSD dialogue ([S1], [S2], … in order): a reference clip (a path
+    or a 24 kHz array) or its codes (T, n_vq), and what the clip says."""
+
+    text: str
+    reference: str | Path | np.ndarray | None = None
+    codes: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class _Voices:
+    """What the prompt carries of the voices: the text field, codes per speaker, and the
+    audio the answer continues (a dialogue's joined clips)."""
+
+    text: str | None
+    speakers: list[np.ndarray] | None = None
+    continuation: np.ndarray | None = None
 
 
 @dataclass
@@ -187,7 +209,7 @@ class Synthesizer:
         segments = _complete_frames(generated_segments(rows, self.info), self.info.audio_pad_code)
         if not segments:
             raise _no_frames(profile)
-        waveform = self._decode(segments, profile, progress)
+        waveform = self._decode(segments, profile, progress, run.prompt.continuation_codes)
         profile.total_s = time.perf_counter() - run.t_start
         result = SynthResult(waveform=waveform, codes=segments, rows=rows, profile=profile)
         self.last_profile, self.last_result = profile, result
@@ -262,41 +284,110 @@ class Synthesizer:
         reference_codes: np.ndarray | None = None,
         normalize: bool = True,
         sampling: dict[str, float] | None = None,
+        speakers: Sequence[Speaker] | None = None,
     ) -> Run:
-        """What one utterance starts from: its prompt, step budget and sampler."""
+        """What one utterance starts from: its prompt, step budget and sampler.
+
+        MOSS-TTSD: TEXT is a ``[S1]… [S2]…`` dialogue and SPEAKERS a clip and transcript per
+        speaker, in order. MOSS-SoundEffect: TEXT is the sound to make (its ambient sound),
+        unless AMBIENT_SOUND is given."""
         if self.backbone is None or self.codec is None:
             raise InputError("the synthesizer is closed")
         sampler_config = self._sampling_config(sampling)
         profile = SynthProfile(heads_backend=self.heads.backend)
         t_start = time.perf_counter()
+        if self.info.variant == "MOSS-SoundEffect" and ambient_sound is None and not sound_event:
+            text, ambient_sound = None, text  # upstream: Text None, the sound described
+        voices = self._voices(text, reference, reference_codes, speakers, normalize, profile)
         fields = PromptFields(
-            text=normalize_text(text) if normalize else text,
+            text=voices.text,
             instruction=instruction,
             tokens=tokens,
             quality=quality,
             sound_event=sound_event,
             ambient_sound=ambient_sound,
-            language=language,
+            language=language_name(language),
         )
-        prompt = self._prompt(fields, reference, reference_codes, profile)
+        prompt = self._prompt(fields, voices, profile)
         steps_allowed = self._steps_allowed(prompt.rows.shape[0], max_new_tokens)
         sampler = self._sampler(seed, sampler_config)
         return Run(prompt, steps_allowed, sampler, profile, t_start)
 
-    def _prompt(
+    def _voices(
         self,
-        fields: PromptFields,
+        text: str | None,
         reference: str | Path | np.ndarray | None,
         reference_codes: np.ndarray | None,
+        speakers: Sequence[Speaker] | None,
+        normalize: bool,
         profile: SynthProfile,
-    ) -> Prompt:
-        """The prompt rows (the reference voice encoded first if given as audio), checked
-        against n_ctx and the embedding tables."""
-        if reference is not None and reference_codes is None:
-            t0 = time.perf_counter()
-            reference_codes = self.encode_reference(reference)
+    ) -> _Voices:
+        """The text field and the voices' codes (clips encoded here, timed in PROFILE)."""
+        ttsd = self.info.variant == "MOSS-TTSD"
+        if speakers and not ttsd:
+            if len(speakers) > 1 or speakers[0].text:
+                raise InputError(
+                    f"{self.info.variant} speaks with one voice; a clip and transcript per "
+                    "speaker is for MOSS-TTSD dialogues",
+                    hint="give one --reference without --reference-text",
+                )
+            reference, reference_codes = speakers[0].reference, speakers[0].codes
+            speakers = None
+        if ttsd and (reference is not None or reference_codes is not None):
+            raise InputError(
+                "MOSS-TTSD clones a voice from its clip and what the clip says",
+                hint="give --reference-text with each --reference, once per speaker",
+            )
+        t0 = time.perf_counter()
+        if text is not None and ttsd:
+            transcripts = [s.text for s in speakers or []]
+            text = dialogue_text(text, transcripts, normalize)
+        if text is not None and normalize:
+            text = normalize_text(text)
+        voices = _Voices(text)
+        if speakers:
+            voices = self._dialogue_voices(text, speakers)
+        elif reference is not None or reference_codes is not None:
+            if reference_codes is None:
+                reference_codes = self.encode_reference(reference)
+            voices = _Voices(text, [reference_codes])
+        if reference is not None or any(s.reference is not None for s in speakers or []):
             profile.reference_s = time.perf_counter() - t0
-        prompt = build_prompt(self.tokenizer, self.info, fields, reference_codes)
+        return voices
+
+    def _dialogue_voices(self, text: str | None, speakers: Sequence[Speaker]) -> _Voices:
+        """A dialogue's voices as upstream's TTSD app makes them: each clip's codes as its
+        speaker's reference, and the clips joined as the audio the answer continues (encoded
+        whole from the joined waveforms; speakers given as codes have theirs joined)."""
+        codes, waves = [], []
+        for number, speaker in enumerate(speakers, start=1):
+            if speaker.reference is None and speaker.codes is None:
+                raise InputError(f"speaker S{number} has a transcript but no reference clip")
+            if speaker.codes is not None:
+                codes.append(np.asarray(speaker.codes, dtype=np.int64))
+                continue
+            wav = (  # raw: the encoder normalises each clip, and their join, once
+                read_reference(Path(speaker.reference), loudness=False)
+                if isinstance(speaker.reference, (str, Path))
+                else np.asarray(speaker.reference, np.float32).reshape(-1)
+            )
+            waves.append(wav)
+            codes.append(self.encode_reference(wav))
+        if len(waves) == len(speakers):
+            joined = self.encode_reference(np.concatenate(waves))
+        else:
+            joined = np.concatenate(codes)
+        return _Voices(text, codes, joined)
+
+    def _prompt(self, fields: PromptFields, voices: _Voices, profile: SynthProfile) -> Prompt:
+        """The prompt rows, checked against n_ctx and the embedding tables."""
+        prompt = build_prompt(
+            self.tokenizer,
+            self.info,
+            fields,
+            speakers=voices.speakers,
+            continuation=voices.continuation,
+        )
         rows_in = prompt.rows.shape[0]
         profile.prompt_rows, profile.reference_frames = rows_in, prompt.reference_frames
         assert self.backbone is not None
@@ -358,15 +449,25 @@ class Synthesizer:
             raise u.error
 
     def _decode(
-        self, segments: list[np.ndarray], profile: SynthProfile, progress: ProgressReporter
+        self,
+        segments: list[np.ndarray],
+        profile: SynthProfile,
+        progress: ProgressReporter,
+        context: np.ndarray | None = None,
     ) -> np.ndarray:
-        """The segments' audio, one after the other, loudness-normalised."""
+        """The segments' audio, one after the other, loudness-normalised. CONTEXT: the audio
+        the first segment continues (a continuation prompt's codes); decoded before it and cut
+        off, as upstream trims it, so the first frames sound as they follow it."""
         assert self.codec is not None
         t0 = time.perf_counter()
         progress.start("decode", "decoding audio", total=len(segments), unit="segments")
         pieces = []
-        for segment in segments:
-            pieces.append(self.codec.decode(segment))
+        for i, segment in enumerate(segments):
+            if i == 0 and context is not None and context.shape[0]:
+                audio = self.codec.decode(np.concatenate([context, segment]))
+                pieces.append(audio[context.shape[0] * FRAME_SAMPLES :])
+            else:
+                pieces.append(self.codec.decode(segment))
             progress.advance("decode", 1)
         progress.finish("decode")
         waveform = loudness_normalize(np.concatenate(pieces))
@@ -426,10 +527,22 @@ def write_wav(path: Path, waveform: np.ndarray, sample_rate: int = SAMPLE_RATE) 
     return path
 
 
+def _check_cheap(text: str | None, options: dict[str, Any]) -> None:
+    """What can be refused before minutes of loading on the real model."""
+    described = options.get("ambient_sound") or options.get("sound_event")
+    if (not isinstance(text, str) or not text.strip()) and not described:
+        raise InputError("the text to speak is empty", hint="pass --text or --text-file")
+    language_name(options.get("language"))
+    clips = [options.get("reference")] + [s.reference for s in options.get("speakers") or []]
+    for clip in clips:
+        if isinstance(clip, (str, Path)) and not Path(clip).is_file():
+            raise InputError("reference audio not found", path=clip)
+
+
 def synth_to_wav(
     config: SynthConfig,
     output: Path,
-    text: str,
+    text: str | None,
     reference: str | Path | None = None,
     instruction: str | None = None,
     tokens: int | None = None,
@@ -441,6 +554,7 @@ def synth_to_wav(
     sound_event: str | None = None,
     ambient_sound: str | None = None,
     normalize: bool = True,
+    speakers: Sequence[Speaker] | None = None,
 ) -> SynthResult:
     """Load, speak TEXT once and write OUTPUT (24 kHz WAV): what `moss-gguf synth` does."""
     output = Path(output)
@@ -448,11 +562,8 @@ def synth_to_wav(
         raise OutputError("the output is a folder", path=output, hint="name a .wav file")
     if not output.parent.is_dir():
         raise OutputError("the output folder does not exist", path=output.parent)
-    # cheap checks before minutes of loading on the real model
-    if not isinstance(text, str) or not text.strip():
-        raise InputError("the text to speak is empty", hint="pass --text or --text-file")
-    if reference is not None and not Path(reference).is_file():
-        raise InputError("reference audio not found", path=reference)
+    _check_cheap(text, dict(reference=reference, language=language, speakers=speakers,
+                            ambient_sound=ambient_sound, sound_event=sound_event))  # fmt: skip
     with Synthesizer(config) as tts:
         result = tts.synthesize(
             text,
@@ -467,6 +578,7 @@ def synth_to_wav(
             sound_event=sound_event,
             ambient_sound=ambient_sound,
             normalize=normalize,
+            speakers=speakers,
         )
         rate = tts.info.sampling_rate  # the model's (checked against the codec's on load)
     result.output = write_wav(output, result.waveform, rate)
@@ -476,7 +588,7 @@ def synth_to_wav(
 def synth_stream(
     config: SynthConfig,
     output: Path | BinaryIO,
-    text: str,
+    text: str | None,
     fmt: str = "pcm",
     progress: ProgressReporter | None = None,
     **options: Any,
@@ -488,8 +600,7 @@ def synth_stream(
     keyword options."""
     if fmt not in ("pcm", "wav"):
         raise UsageError(f"a stream is pcm or wav, not {fmt!r}")
-    if not isinstance(text, str) or not text.strip():
-        raise InputError("the text to speak is empty", hint="pass --text or --text-file")
+    _check_cheap(text, options)
     if isinstance(output, Path) and (output.is_dir() or not output.parent.is_dir()):
         raise OutputError("not a file in an existing folder", path=output)
     with Synthesizer(config) as tts:
