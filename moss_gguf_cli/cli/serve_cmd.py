@@ -71,6 +71,11 @@ def serve_command(
             "positions of KV cache)."
         ),
     ] = 4,
+    runaway_retries: Annotated[
+        int,
+        typer.Option(help="How often a chunk of the text that reaches its step budget without "
+                     "ending is run again with another seed (0: never)."),
+    ] = 1,
     quiet: Quiet = False,
     verbose: Verbose = False,
 ) -> None:
@@ -78,7 +83,7 @@ def serve_command(
     setup_logging(mode)
     settings = ServeSettings(
         config=config, host=host, port=port, api_key=api_key, voices=voices,
-        max_queue=max_queue, max_batch=max_batch,
+        max_queue=max_queue, max_batch=max_batch, runaway_retries=runaway_retries,
     )  # fmt: skip
     settings.check()  # before the imports and the model: a refused binding costs nothing
     run_server = _server()

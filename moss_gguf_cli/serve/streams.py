@@ -18,14 +18,13 @@ import logging
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
-import numpy as np
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from ..tts.streaming import pcm16, wav_header
 from . import audio
 from .api_errors import ApiError
-from .scheduler import SpeechJob, SpeechStream
+from .scheduler import Delta, SpeechJob, SpeechStream
 from .schemas import SpeechRequest
 
 log = logging.getLogger(__name__)
@@ -69,7 +68,7 @@ async def stream_speech(
                              media_type=audio.MEDIA_TYPES[body.response_format])  # fmt: skip
 
 
-async def _first(request: Request, stream: SpeechStream) -> np.ndarray:
+async def _first(request: Request, stream: SpeechStream) -> Delta:
     """The first chunk, or ApiError 499 if the client leaves before it is made."""
     return await unless_gone(request, stream.__anext__())
 
@@ -99,12 +98,14 @@ async def _disconnected(request: Request) -> None:
 
 
 
-async def _chunks(first: np.ndarray, stream: SpeechStream, abandoned) -> AsyncIterator[bytes]:
-    """16-bit PCM bytes of each chunk; stops the job if the response is dropped midway."""
+async def _chunks(first: Delta, stream: SpeechStream, abandoned
+                  ) -> AsyncIterator[tuple[bytes, Delta]]:  # fmt: skip
+    """16-bit PCM bytes of each piece (with the piece); stops the job if the response is
+    dropped midway."""
     try:
-        yield pcm16(first)
-        async for chunk in stream:
-            yield pcm16(chunk)
+        yield pcm16(first.audio), first
+        async for delta in stream:
+            yield pcm16(delta.audio), delta
     except ApiError as exc:  # the headers are out: the stream can only end early
         log.warning("a streamed request failed after its first chunk: %s", exc.message)
     finally:
@@ -114,25 +115,34 @@ async def _chunks(first: np.ndarray, stream: SpeechStream, abandoned) -> AsyncIt
             log.info("a streaming client went away; its request was stopped")
 
 
-async def _audio(chunks: AsyncIterator[bytes], fmt: str, rate: int) -> AsyncIterator[bytes]:
+async def _audio(chunks: AsyncIterator[tuple[bytes, Delta]], fmt: str, rate: int
+                 ) -> AsyncIterator[bytes]:  # fmt: skip
     if fmt == "wav":
         yield wav_header(rate)
-    async for data in chunks:
+    async for data, _delta in chunks:
         yield data
 
 
 async def _sse(
-    chunks: AsyncIterator[bytes], fmt: str, rate: int, stream: SpeechStream
+    chunks: AsyncIterator[tuple[bytes, Delta]], fmt: str, rate: int, stream: SpeechStream
 ) -> AsyncIterator[bytes]:
+    """OpenAI's events, each also saying which chunk of the text it carries (`chunk` of
+    `chunks`, 1-based) and the chunks that ran away so far (`runaways`: their audio may
+    be cut; the headers are out, so this is where a client learns it)."""
     header = wav_header(rate) if fmt == "wav" else b""
-    async for data in chunks:
+    async for data, delta in chunks:
         yield _event({"type": "speech.audio.delta",
-                      "audio": base64.b64encode(header + data).decode()})  # fmt: skip
+                      "audio": base64.b64encode(header + data).decode(),
+                      "chunk": delta.chunk, "chunks": delta.chunks,
+                      "runaways": delta.runaways})  # fmt: skip
         header = b""
-    if stream.profile is not None:
-        used, made = stream.profile.prompt_rows, stream.profile.steps
+    if stream.result is not None:
+        result = stream.result
+        used, made = result.profile.prompt_rows, result.profile.steps
         yield _event({"type": "speech.audio.done", "usage": {
-            "input_tokens": used, "output_tokens": made, "total_tokens": used + made}})  # fmt: skip
+            "input_tokens": used, "output_tokens": made, "total_tokens": used + made},
+            "chunks": len(result.chunks), "runaways": result.runaways,
+            "cut": result.cut})  # fmt: skip
 
 
 def _event(data: dict) -> bytes:

@@ -332,7 +332,8 @@ class Speech:
 class Joiner:
     """Chunks' audio in order → one stream: each join a FADE_SAMPLES fade out, PAUSE_FRAMES
     of silence, a fade in. The last FADE_SAMPLES of what came in are held back (unless it
-    is the last chunk) until it is known whether a join follows them. OUT(samples, chunk_index) takes the result."""
+    is the last chunk) until it is known whether a join follows them. OUT(samples,
+    chunk_index) takes the result."""
 
     def __init__(self, out: Callable[[np.ndarray, int], None]):
         self.out = out
