@@ -7,7 +7,8 @@ with Synthesizer(SynthConfig.from_yaml("weights-demo/moss-tts.yaml")) as tts:
 
 Holds: config (the synth YAML; defaults in defaults.py), prompt, delay (the delay pattern's
 state machine), sampling, embeddings, heads, backbone (llama.cpp), codec (the ONNX audio
-tokenizer), normalize, synthesizer (the loop), streaming (windowed decoding while it speaks).
+tokenizer), normalize, synthesizer (the loop), streaming (windowed decoding while it speaks),
+chunking (long text split where a speaker breathes), speech (a request's chunks, one voice).
 
 May import: source/, quantize/, gguf/ (its own tier), disk/, native/ and the top level
 (errors, progress, report, hold_points); never verify/, doctor/, pipeline/ or cli/.
@@ -18,6 +19,7 @@ from .synthesizer import (
     Synthesizer,
     SynthProfile,
     SynthResult,
+    plan_text,
     synth_stream,
     synth_to_wav,
     write_wav,
@@ -29,6 +31,7 @@ __all__ = [
     "SynthProfile",
     "SynthResult",
     "Synthesizer",
+    "plan_text",
     "synth_stream",
     "synth_to_wav",
     "write_wav",

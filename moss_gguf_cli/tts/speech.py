@@ -94,6 +94,7 @@ class ChunkReport:
     ended: str = ""  # "end" (the model said so), "runaway", "cut" (max_new_tokens / n_ctx)
     tries: int = 0
     prompt: Prompt | None = None  # the last try's prompt (its voice rows: tests)
+    codes: np.ndarray | None = None  # the frames it made (T, n_vq)
 
 
 def plan_speech(tokenizer, info: ModelInfo, text: str, limits: PlanLimits,
@@ -113,9 +114,10 @@ def plan_speech(tokenizer, info: ModelInfo, text: str, limits: PlanLimits,
         first = not chunks
         frames = voice_frames or (0 if first else _carried_frames(chunks[0]))
         chunk = _measure(tokenizer, info, piece, len(chunks), limits, fields, frames)
-        if chunk.prompt_rows + chunk.budget > limits.n_ctx and not chunk.capped:
-            parts = split_further(piece, math.ceil((chunk.prompt_rows + chunk.budget)
-                                                   / limits.n_ctx) + 1)  # fmt: skip
+        need = chunk.prompt_rows + min(step_budget(piece.frames, limits.settings, info.n_vq),
+                                       limits.max_new_tokens)  # fmt: skip
+        if need > limits.n_ctx:  # split further rather than cut it or refuse it
+            parts = split_further(piece, math.ceil(need / limits.n_ctx) + 1)
             if len(parts) > 1:
                 queue[:0] = parts
                 continue
@@ -273,10 +275,12 @@ class Speech:
         else:
             chunk.segments = self.tts.chunk_segments(chunk.rows)
         chunk.report.frames = int(sum(s.shape[0] for s in chunk.segments))
+        if chunk.segments:
+            chunk.report.codes = np.concatenate(chunk.segments)
         chunk.done = True
         if chunk.plan.index == 0 and self.voice is None and len(self.chunks) > 1:
-            if chunk.segments:  # the voice of the rest: chunk 1's first VOICE_FRAMES
-                self.voice = np.concatenate(chunk.segments)[:VOICE_FRAMES]
+            if chunk.report.codes is not None:  # the voice of the rest: chunk 1's start
+                self.voice = chunk.report.codes[:VOICE_FRAMES]
             self.pending.extend(range(1, len(self.chunks)))
         if self.on_audio is not None:
             self._send()

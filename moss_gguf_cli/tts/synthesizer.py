@@ -493,6 +493,7 @@ def synth_to_wav(
     ambient_sound: str | None = None,
     normalize: bool = True,
     max_batch: int = DEFAULT_WIDTH,
+    retries: int = RETRIES,
 ) -> SynthResult:
     """Load, speak TEXT once and write OUTPUT (24 kHz WAV): what `moss-gguf synth` does.
     A long TEXT's chunks run up to MAX_BATCH side by side (one KV sequence each)."""
@@ -524,6 +525,7 @@ def synth_to_wav(
             sound_event=sound_event,
             ambient_sound=ambient_sound,
             normalize=normalize,
+            retries=retries,
         )
         rate = tts.info.sampling_rate  # the model's (checked against the codec's on load)
     result.output = write_wav(output, result.waveform, rate)
