@@ -211,7 +211,8 @@ def test_dry_run_json_shows_what_the_model_gets(tiny_weights, tmp_path):
 def test_synth_cli_profiles_each_chunk_and_warns_of_a_runaway(tiny_weights, tmp_path):
     out = tmp_path / "long.wav"
     result = _synth(tiny_weights, "--text", EN, "-o", str(out), "--seed", "1", "--profile",
-                    "--max-new-tokens", "34", "--max-batch", "2")  # fmt: skip
+                    "--max-new-tokens", "34", "--max-batch", "2",
+                    "--runaway-retries", "0")  # fmt: skip
     assert result.exit_code == 0, result.output
     n = len(plan_text(SynthConfig.from_yaml(tiny_weights / "moss-tts.yaml"), EN).chunks)
     assert all(f"chunk {i}" in result.stdout for i in range(1, n + 1))
@@ -245,6 +246,7 @@ def test_n_ctx_too_small_for_a_chunk_splits_it_further(tiny_weights, tmp_path):
 def server(tiny_weights: Path, tmp_path_factory):
     log = tmp_path_factory.mktemp("log") / "s.log"
     srv = start_serve(tiny_weights / "moss-tts.yaml", log, "--max-batch", "3",
+                      "--runaway-retries", "1",
                       "--voices", str(tmp_path_factory.mktemp("voices")))  # fmt: skip
     yield srv
     if srv.proc.poll() is None:
