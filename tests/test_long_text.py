@@ -289,3 +289,10 @@ def test_serve_counts_a_runaway(server):
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1]["runaways"] == [1] and events[-1]["chunks"] == 1
     assert _metric(server.url, "moss_gguf_runaway_chunks_total") == before + 1
+
+
+def test_serve_refuses_negative_retries_in_one_line(tiny_weights):
+    result = CliRunner().invoke(app, ["serve", "--config", str(tiny_weights / "moss-tts.yaml"),
+                                      "--runaway-retries", "-1"])  # fmt: skip
+    assert result.exit_code == 2
+    assert "--runaway-retries must be 0 or more, got -1" in result.output
