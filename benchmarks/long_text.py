@@ -1,7 +1,7 @@
 """Long text spoken whole (#38): a request's chunks side by side vs one after another vs the
 single pass of an older checkout, on the 2-layer real-dims checkpoint that keeps speaking.
 
-    python benchmarks/long_text.py [--chars 4000] [--rounds 1] [--max-new-tokens 48]
+    python benchmarks/long_text.py [--chars 4000] [--chars-zh N] [--rounds 1] [--max-new-tokens 48]
         [--main /work/main] [--single-pass] [--workdir /tmp/moss-gguf-bench]
 
 Servers (`moss-gguf serve`, as users start it) on the speaking copy of the checkpoint
@@ -130,6 +130,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=DEFAULT_DIR)
     parser.add_argument("--chars", type=int, default=4000)
+    parser.add_argument("--chars-zh", type=int, help="the Chinese text's length (default --chars)")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=None, help="cap on every chunk")
     parser.add_argument("--main", type=Path, help="a checkout of the code before the split")
@@ -138,7 +139,7 @@ def main() -> None:
     args = parser.parse_args()
     folder = build_folder(args.workdir, speaking=True)
     texts = {"en": text_of(EN_SENTENCES, args.chars, " "),
-             "zh": text_of(ZH_SENTENCES, args.chars, "")}  # fmt: skip
+             "zh": text_of(ZH_SENTENCES, args.chars_zh or args.chars, "")}  # fmt: skip
     cap = args.max_new_tokens
     out: dict = {"chars": args.chars, "rounds": args.rounds, "max_new_tokens": cap}
     logs = args.workdir / "long-text-logs"
@@ -165,6 +166,8 @@ def main() -> None:
                     "wall_s_1wide": round(med["1-wide"], 1),
                     "side_by_side_vs_one_after_another": round(med["4-wide"] / med["1-wide"], 3),
                 }  # fmt: skip
+                print(json.dumps({lang: out[lang]}, ensure_ascii=False), file=sys.stderr,
+                      flush=True)  # a long run's figures so far
         finally:
             stop(lone)
         if args.main is not None:
