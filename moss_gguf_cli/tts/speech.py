@@ -134,7 +134,7 @@ def plan_speech(tokenizer, info: ModelInfo, text: str, limits: PlanLimits,
 
 
 def _carried_frames(first: ChunkPlan) -> int:
-    """The most frames of chunk 1 that the others carry (its budget less the delay rows)."""
+    """The most frames of chunk 1 that the others carry (its budget bounds them from above)."""
     return max(1, min(VOICE_FRAMES, first.budget))
 
 
