@@ -82,6 +82,11 @@ def serve_command(
             "answered with an error and /health reports 503."
         ),
     ] = 300.0,
+    runaway_retries: Annotated[
+        int,
+        typer.Option(help="How often a chunk of the text that reaches its step budget without "
+                     "ending is run again with another seed (0: never)."),
+    ] = 1,
     quiet: Quiet = False,
     verbose: Verbose = False,
 ) -> None:
@@ -90,6 +95,7 @@ def serve_command(
     settings = ServeSettings(
         config=config, host=host, port=port, api_key=api_key, voices=voices,
         max_queue=max_queue, max_batch=max_batch, stall_timeout=stall_timeout,
+        runaway_retries=runaway_retries,
     )  # fmt: skip
     settings.check()  # before the imports and the model: a refused binding costs nothing
     run_server = _server()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -12,8 +13,17 @@ from rich.table import Table
 from ..doctor import preflight
 from ..errors import InputError, UsageError
 from ..quantize.engines import Engine
-from ..tts import Speaker, SynthConfig, SynthProfile, synth_stream, synth_to_wav
+from ..tts import (
+    Speaker,
+    SynthConfig,
+    SynthProfile,
+    SynthResult,
+    plan_text,
+    synth_stream,
+    synth_to_wav,
+)
 from ..tts.language import language_name
+from ..tts.speech import SpeechPlan
 from ._command import command
 from ._options import Quiet, Verbose
 from ._output import OutputMode, info, progress_for, setup_logging, stderr, stdout
@@ -42,6 +52,12 @@ EXAMPLES = """
   # play while it speaks: raw 16-bit PCM at 24 kHz to stdout
   moss-gguf synth --config weights/moss-tts.yaml --text "Hello" --stream --output - \\
       | aplay -f S16_LE -r 24000
+
+  # a long text: see how it is split (chunks, budgets) without loading the model
+  moss-gguf synth --config weights/moss-tts.yaml --text-file book.txt --dry-run --json
+
+  # its chunks one after another instead of side by side (less memory)
+  moss-gguf synth --config weights/moss-tts.yaml --text-file book.txt -o book.wav --max-batch 1
 
   # upstream's command lines work as they are (--output defaults to output.wav)
   moss-gguf synth --config configs/llama_cpp/default.yaml --text "Hello!" \\
@@ -139,7 +155,27 @@ def synth_command(
             "(24 kHz mono) to stdout, a .wav name gets a WAV, other names raw PCM.",
         ),
     ] = False,
-    profile: Annotated[bool, typer.Option("--profile", help="Print where the time went.")] = False,
+    profile: Annotated[
+        bool, typer.Option("--profile", help="Print where the time went, chunk by chunk.")
+    ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Print the plan (each chunk's text and language as "
+                     "the model gets them, its step budget) without loading the model."),
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="With --dry-run: the plan as a JSON object.")
+    ] = False,
+    max_batch: Annotated[
+        int,
+        typer.Option("--max-batch", help="Chunks of a long text spoken side by side (each "
+                     "holds n_ctx positions of KV cache); 1: one after another."),
+    ] = 4,
+    runaway_retries: Annotated[
+        int,
+        typer.Option(help="How often a chunk that reaches its step budget without ending "
+                     "is run again with another seed (0: never)."),
+    ] = 1,
     quiet: Quiet = False,
     verbose: Verbose = False,
 ) -> None:
@@ -166,6 +202,16 @@ def synth_command(
     described = ambient_sound is not None or sound_event is not None
     words = _read_text(text, text_file, may_be_absent=described)
     voice, speakers = _voices(reference or [], reference_text or [])
+    if as_json and not dry_run:
+        raise UsageError("--json goes with --dry-run")
+    if max_batch < 1 or runaway_retries < 0:
+        raise UsageError("--max-batch must be 1 or more and --runaway-retries 0 or more")
+    if dry_run:
+        _show_plan(plan_text(settings, words, voice, instruction=instruction,
+                             tokens=tokens, quality=quality, language=language,
+                             sound_event=sound_event, ambient_sound=ambient_sound,
+                             normalize=normalize), as_json)  # fmt: skip
+        return
     # the llama.cpp runtime probe (cached once per build) catches a crashing build up front
     preflight(
         needs_quantize=False,
@@ -178,13 +224,15 @@ def synth_command(
     options = dict(reference=voice, instruction=instruction, tokens=tokens, quality=quality,
                    language=language, seed=seed, sound_event=sound_event,
                    ambient_sound=ambient_sound, normalize=normalize,
-                   speakers=speakers)  # fmt: skip
+                   speakers=speakers, max_batch=max_batch, retries=runaway_retries)  # fmt: skip
     with progress_for(mode) as bar:
         result = _speak(settings, output, words, stream, bar, options)
     p = result.profile
-    info(mode, f"{p.frames} frames, {p.audio_s:.2f} s of audio in {p.total_s:.1f} s")
+    chunks = f" ({len(result.chunks)} chunks)" if len(result.chunks) > 1 else ""
+    info(mode, f"{p.frames} frames, {p.audio_s:.2f} s of audio in {p.total_s:.1f} s{chunks}")
+    _warn_cut(result)
     if settings.profile:
-        (stderr if result.output is None else stdout).print(_profile_table(p))
+        (stderr if result.output is None else stdout).print(_profile_table(p, result))
     if result.output is not None:
         typer.echo(str(result.output))
 
@@ -236,7 +284,36 @@ def _read_text(text: str | None, text_file: Path | None, may_be_absent: bool = F
     return text or ""
 
 
-def _profile_table(p: SynthProfile) -> Table:
+def _show_plan(plan: SpeechPlan, as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(plan.to_dict(), ensure_ascii=False, indent=2))
+        return
+    table = Table(title=f"{len(plan.chunks)} chunk(s), voice: {plan.voice}", show_header=True)
+    for name in ("chunk", "chars", "est. s", "budget", "prompt rows", "language", "text"):
+        table.add_column(name, justify="left" if name in ("language", "text") else "right")
+    for c in plan.chunks:
+        short = c.text if len(c.text) <= 60 else c.text[:28] + " … " + c.text[-28:]
+        table.add_row(str(c.index + 1), str(len(c.text)), f"{c.frames / 12.5:.1f}",
+                      f"{c.budget}{' (capped)' if c.capped else ''}", str(c.prompt_rows),
+                      c.language or "-", short)  # fmt: skip
+    stdout.print(table)
+
+
+def _warn_cut(result: SynthResult) -> None:
+    """Nothing cut silently: a chunk that ran away (twice) or was capped is said on stderr."""
+    n = len(result.chunks)
+    for c in result.chunks:
+        if c.ended == "runaway":
+            tries = "twice" if c.tries > 1 else "once"
+            stderr.print(f"warning: chunk {c.index + 1} of {n} reached its budget of "
+                         f"{c.budget} steps without ending ({tries}); its audio may be cut or "
+                         "hold noise (try another --seed)")  # fmt: skip
+        elif c.ended == "cut":
+            stderr.print(f"warning: chunk {c.index + 1} of {n} was cut at {c.steps} steps by "
+                         "--max-new-tokens / n_ctx before it ended (raise them)")  # fmt: skip
+
+
+def _profile_table(p: SynthProfile, result: SynthResult | None = None) -> Table:
     table = Table(title="synth profile", show_header=True)
     table.add_column("measure")
     table.add_column("value", justify="right")
@@ -253,6 +330,10 @@ def _profile_table(p: SynthProfile) -> Table:
         ("ended by", "<|im_end|>" if p.stopped else "max-new-tokens / n_ctx"),
         ("real-time factor", f"{p.real_time_factor:.2f}"),
     ]
+    for c in result.chunks if result is not None and len(result.chunks) > 1 else []:
+        retried = ", retried" if c.tries > 1 else ""
+        rows.append((f"chunk {c.index + 1}", f"{c.chars} chars, {c.frames} frames, {c.steps}/"
+                     f"{c.budget} steps, {c.ended}{retried}"))  # fmt: skip
     for name, value in rows:
         table.add_row(name, value)
     return table

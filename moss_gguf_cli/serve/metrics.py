@@ -11,6 +11,9 @@
 - moss_gguf_streams_abandoned_total             streamed requests whose client left midway
 - moss_gguf_batch_size                          requests generating together now
 - moss_gguf_batch_size_max                      the most that ever generated together
+- moss_gguf_text_chunks_total                   chunks long inputs were spoken in (tts/speech.py)
+- moss_gguf_runaway_chunks_total                chunks that reached their step budget without
+                                                ending, their retry included (audio may be cut)
 """
 
 from __future__ import annotations
@@ -73,6 +76,13 @@ class Metrics:
             "moss_gguf_streams_abandoned", "Streamed requests whose client left midway.",
             registry=r,
         )  # fmt: skip
+        self.chunks = Counter("moss_gguf_text_chunks", "Chunks the inputs were spoken in.",
+                              registry=r)  # fmt: skip
+        self.runaways = Counter(
+            "moss_gguf_runaway_chunks",
+            "Chunks that reached their step budget without ending, retry included.",
+            registry=r,
+        )  # fmt: skip
         self.frames_per_second = Gauge(
             "moss_gguf_generation_frames_per_second",
             "Audio frames per second of generation, last request.",
@@ -92,6 +102,8 @@ class Metrics:
         self.audio_seconds.inc(profile.audio_s)
         self.frames.inc(profile.frames)
         self.generation_seconds.inc(generation)
+        self.chunks.inc(profile.chunks)
+        self.runaways.inc(profile.runaways)
         if generation > 0:
             self.frames_per_second.set(profile.frames / generation)
 

@@ -41,6 +41,7 @@ from ..hold_points import hold
 from ..progress import NullProgress
 from ..tts import Speaker, Synthesizer, SynthProfile, SynthResult
 from ..tts.engine import Engine, Utterance
+from ..tts.speech import RETRIES, Speech
 from .api_errors import QueueFull, ShuttingDown, Stalled
 from .failures import Cancelled, api_error
 
@@ -70,14 +71,15 @@ class SpeechJob:
 
 @dataclass(eq=False)
 class _Task:
-    """A voice job runs at once (`run`); a speech job makes an utterance (`begin`) that joins
-    the engine, and `end` turns the finished utterance into the job's value."""
+    """A voice job runs at once (`run`); a speech job plans its chunks (`begin`, a
+    tts/speech.Speech whose utterances join the engine as sequences free up), and `end`
+    turns the finished Speech into the job's value."""
 
     run: Callable[[Synthesizer, NullProgress], Any] | None
     kind: str
     job: SpeechJob | None = None  # what a speech task asked for (its errors name its fields)
-    begin: Callable[[Synthesizer, NullProgress], Utterance] | None = None
-    end: Callable[[Synthesizer, Utterance], Any] | None = None
+    begin: Callable[[Synthesizer, NullProgress], Speech] | None = None
+    end: Callable[[Synthesizer, Speech], Any] | None = None
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     cancel: threading.Event = field(default_factory=threading.Event)
 
@@ -101,10 +103,12 @@ class Scheduler:
         tts: Synthesizer,
         max_queue: int,
         on_speech: Callable[[SynthProfile], None] | None = None,
+        retries: int = RETRIES,
         stall_s: float = 300.0,
     ):
         self.tts = tts
         self.max_queue = max_queue
+        self.retries = retries  # how often a runaway chunk is run again
         self.stall_s = stall_s
         self._beat = time.monotonic()  # the worker's last sign of life besides the engine's
         self._on_speech = on_speech
@@ -113,6 +117,8 @@ class Scheduler:
         self._running: list[_Task] = []
         self._free = tts.engine.width  # free sequences (the worker keeps it current)
         self.batch_max = 0  # the most utterances stepped together
+        self._speeches: list[tuple[Speech, _Task]] = []  # running speech jobs (worker only)
+        self._jobs: dict[int, tuple[Utterance, Speech, _Task]] = {}  # id(utterance) → its job
         self._closing = False
         self._thread = threading.Thread(target=self._work, name="moss-gguf-synth", daemon=True)
         self._watchdog = threading.Thread(target=self._watch, name="moss-gguf-watchdog",
@@ -151,13 +157,11 @@ class Scheduler:
         self._watchdog.start()
 
     async def speak(self, job: SpeechJob) -> SynthResult:
-        rows: list[np.ndarray] = []
+        def begin(tts: Synthesizer, watch: NullProgress) -> Speech:
+            return tts.speech(job.text, watch, retries=self.retries, **job.options())
 
-        def begin(tts: Synthesizer, watch: NullProgress) -> Utterance:
-            return Utterance(tts.prepare(job.text, **job.options()), watch, rows.append)
-
-        def end(tts: Synthesizer, u: Utterance) -> SynthResult:
-            return tts.whole_result(u.run, rows)
+        def end(tts: Synthesizer, speech: Speech) -> SynthResult:
+            return tts.speech_result(speech)
 
         result = await self._submit(_Task(None, "speech", job, begin, end))
         if self._on_speech is not None:
@@ -165,24 +169,23 @@ class Scheduler:
         return result
 
     def stream(self, job: SpeechJob, loop: asyncio.AbstractEventLoop) -> SpeechStream:
-        """JOB queued now (429/503 raised here); its chunks arrive through the SpeechStream."""
+        """JOB queued now (429/503 raised here); its audio arrives through the SpeechStream,
+        in order, each piece saying which chunk of the text it belongs to."""
         stream = SpeechStream(loop, self._on_speech)
-        made: list = []  # the job's Chunker, once it begins
 
-        def begin(tts: Synthesizer, watch: NullProgress) -> Utterance:
-            chunker = tts.chunker()
-            made.append(chunker)
+        def begin(tts: Synthesizer, watch: NullProgress) -> Speech:
+            made: list[Speech] = []
 
-            def on_row(row: np.ndarray) -> None:
-                for chunk in chunker.push(row):
-                    stream.put(chunk)
+            def on_audio(audio: np.ndarray, index: int) -> None:
+                speech = made[0]
+                stream.put(Delta(audio, index + 1, len(speech.chunks), list(speech.runaways)))
 
-            return Utterance(tts.prepare(job.text, **job.options()), watch, on_row)
+            made.append(tts.speech(job.text, watch, on_audio=on_audio, retries=self.retries,
+                                   **job.options()))  # fmt: skip
+            return made[0]
 
-        def end(tts: Synthesizer, u: Utterance) -> SynthProfile:
-            for chunk in made[0].finish():
-                stream.put(chunk)
-            return tts.stream_result(u.run, made[0]).profile
+        def end(tts: Synthesizer, speech: Speech) -> SynthResult:
+            return tts.speech_result(speech)
 
         task = _Task(None, "speech", job, begin, end)
         stream.task = task
@@ -244,7 +247,8 @@ class Scheduler:
     def _next(self, engine: Engine) -> list[_Task] | None:
         """The jobs to start now (speech ones as far as sequences are free); None: stop."""
         with self._cond:
-            while not self._waiting and not engine.active and not self._closing:
+            while (not self._waiting and not engine.active and not self._closing
+                   and not any(sp.pending for sp, _ in self._speeches)):  # fmt: skip
                 self._cond.wait()
             if self._closing:
                 return None
@@ -260,10 +264,10 @@ class Scheduler:
 
     def _work(self) -> None:
         engine = self.tts.engine
-        jobs: dict[int, tuple[Utterance, _Task]] = {}
+        jobs = self._jobs
         while (tasks := self._next(engine)) is not None:
-            for task in tasks:
-                self._start_task(task, engine, jobs)
+            new = [sp for task in tasks if (sp := self._start_task(task)) is not None]
+            self._join(engine, new, jobs)
             self.batch_max = max(self.batch_max, len(engine.active))
             try:
                 ended = engine.step()
@@ -271,15 +275,18 @@ class Scheduler:
                 log.error("a generation step failed: %s", exc, exc_info=is_debug())
                 for u in list(engine.active):
                     engine.leave(u, exc)
-                ended = [u for u, _ in jobs.values() if u.finished]
+                ended = [u for u, _, _ in jobs.values() if u.finished]
             for u in ended:
-                _, task = jobs.pop(id(u))
-                self._end_task(task, u)
+                _, speech, task = jobs.pop(id(u))
+                speech.ended(u)
+                if speech.done:
+                    self._end_task(task, speech, engine)
             with self._cond:
                 self._free = len(engine.free)
-        for u, task in jobs.values():  # stopping: free what still runs (answered 503)
-            engine.leave(u, ShuttingDown())
+        for speech, task in self._speeches:  # stopping: free what still runs (answered 503)
+            speech.abort(engine, ShuttingDown())
             self._done(task)
+        self._speeches.clear()
 
     def _watch(self) -> None:
         """The watchdog: jobs that cannot be served because the worker stopped moving are
@@ -303,28 +310,49 @@ class Scheduler:
                 task.cancel.set()
                 _settle(task.future, error=Stalled(self.stall_s, running=False))
 
-    def _start_task(self, task: _Task, engine: Engine, jobs: dict) -> None:
+    def _join(self, engine: Engine, new: list[Speech], jobs: dict) -> None:
+        """Utterances into free sequences: each new job's first chunk, then the chunks that
+        running jobs have ready, job by job (a long text takes the width left)."""
+        firsts = [(sp, t) for sp, t in self._speeches if sp in new]
+        for limit, speeches in ((1, firsts), (None, list(self._speeches))):
+            for speech, task in speeches:
+                free = len(engine.free) if limit is None else min(limit, len(engine.free))
+                try:
+                    for u in speech.ready(free):
+                        engine.join(u)
+                        jobs[id(u)] = (u, speech, task)
+                except Exception as exc:  # noqa: BLE001 - answered; the worker goes on
+                    speech.error = speech.error or exc
+                    self._end_task(task, speech, engine)
+
+    def _start_task(self, task: _Task) -> Speech | None:
+        """Run a voice job; plan a speech job (its chunks join in `_join`)."""
         if task.cancel.is_set() or not task.future.set_running_or_notify_cancel():
             self._done(task)
-            return
+            return None
         try:
             if task.begin is None:
                 assert task.run is not None
                 _settle(task.future, value=task.run(self.tts, _Watch(task.cancel)))
                 self._done(task)
-                return
-            u = task.begin(self.tts, _Watch(task.cancel))
-            engine.join(u)
-            jobs[id(u)] = (u, task)
+                return None
+            speech = task.begin(self.tts, _Watch(task.cancel))
+            self._speeches.append((speech, task))
+            return speech
         except Exception as exc:  # noqa: BLE001 - answered; the worker goes on
             self._fail(task, exc)
+            return None
 
-    def _end_task(self, task: _Task, u: Utterance) -> None:
+    def _end_task(self, task: _Task, speech: Speech, engine: Engine) -> None:
+        self._speeches = [(sp, t) for sp, t in self._speeches if t is not task]
+        for key in [k for k, (_, sp, _) in self._jobs.items() if sp is speech]:
+            del self._jobs[key]
         try:
-            if u.error is not None:
-                raise u.error
+            if speech.error is not None:
+                speech.abort(engine, speech.error)
+                raise speech.error
             assert task.end is not None
-            _settle(task.future, value=task.end(self.tts, u))
+            _settle(task.future, value=task.end(self.tts, speech))
             self._done(task)
         except Exception as exc:  # noqa: BLE001 - answered; the worker goes on
             self._fail(task, exc)
@@ -342,24 +370,36 @@ class Scheduler:
 _END = object()
 
 
+@dataclass(frozen=True)
+class Delta:
+    """A piece of streamed audio: float32 samples of chunk CHUNK (1-based) of CHUNKS, and
+    the chunks found to have run away so far."""
+
+    audio: np.ndarray
+    chunk: int = 1
+    chunks: int = 1
+    runaways: list[int] = field(default_factory=list)
+
+
 class SpeechStream:
     """The chunks of one streamed job, handed from the worker thread to the event loop.
 
         stream = scheduler.stream(job, loop)
-        async for chunk in stream: ...      # float32 waveform pieces; errors raise ApiError
+        async for delta in stream: ...      # Delta: audio and its chunk; errors raise ApiError
         stream.close()                      # the client left: the job stops at its next step
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, on_speech=None):
         self.task: _Task | None = None
         self.profile: SynthProfile | None = None
+        self.result: SynthResult | None = None
         self.done = False
         self._loop = loop
         self._queue: asyncio.Queue = asyncio.Queue()
         self._on_speech = on_speech
 
-    def put(self, chunk: np.ndarray) -> None:  # worker thread
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, chunk)
+    def put(self, delta: Delta) -> None:  # worker thread
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, delta)
 
     def finished(self, future: concurrent.futures.Future) -> None:  # worker thread
         error = future.exception() if not future.cancelled() else ShuttingDown()
@@ -372,7 +412,7 @@ class SpeechStream:
     def __aiter__(self) -> SpeechStream:
         return self
 
-    async def __anext__(self) -> np.ndarray:
+    async def __anext__(self) -> Delta:
         if self.done:
             raise StopAsyncIteration
         item = await self._queue.get()
@@ -380,7 +420,7 @@ class SpeechStream:
             self.done = True
             raise item
         if isinstance(item, tuple) and item[0] is _END:
-            self.done, self.profile = True, item[1]
+            self.done, self.result, self.profile = True, item[1], item[1].profile
             if self._on_speech is not None:
                 self._on_speech(self.profile)
             raise StopAsyncIteration

@@ -98,7 +98,8 @@ def _load(settings: ServeSettings, config: SynthConfig) -> Service:
         metrics = Metrics(lambda: scheduler.waiting, lambda: float(scheduler.busy),
                           lambda: len(tts.engine.active), lambda: scheduler.batch_max)  # fmt: skip
         scheduler = Scheduler(tts, settings.max_queue, on_speech=metrics.observe_speech,
-                              stall_s=settings.stall_timeout)  # fmt: skip
+                              stall_s=settings.stall_timeout,
+                              retries=settings.runaway_retries)  # fmt: skip
         voices = VoiceStore(settings.voices_dir, tts.info.n_vq)
         created = int(Path(config.backbone_gguf).stat().st_mtime)
     except BaseException:

@@ -46,6 +46,7 @@ class ServeSettings:
     max_queue: int = 16  # requests waiting for a free sequence; more get 429
     max_batch: int = 4  # requests generated together, one KV sequence (n_ctx positions) each
     stall_timeout: float = 300.0  # seconds without a step while requests run: unhealthy
+    runaway_retries: int = 1  # a chunk that reaches its step budget is run again this often
 
     @property
     def voices_dir(self) -> Path:
@@ -57,6 +58,8 @@ class ServeSettings:
             raise UsageError(f"--port must be 0..65535, got {self.port}")
         if self.max_batch < 1:
             raise UsageError(f"--max-batch must be 1 or more, got {self.max_batch}")
+        if self.runaway_retries < 0:
+            raise UsageError(f"--runaway-retries must be 0 or more, got {self.runaway_retries}")
         if self.max_queue < 0:
             raise UsageError(f"--max-queue must be 0 or more, got {self.max_queue}")
         if self.api_key is not None and not self.api_key.strip():

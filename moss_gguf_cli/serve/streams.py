@@ -21,14 +21,13 @@ import logging
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
-import numpy as np
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from ..tts.streaming import pcm16, wav_header
 from . import audio
 from .api_errors import ApiError
-from .scheduler import SpeechJob, SpeechStream
+from .scheduler import Delta, SpeechJob, SpeechStream
 from .schemas import SpeechRequest
 
 log = logging.getLogger(__name__)
@@ -85,7 +84,7 @@ async def stream_speech(
                              media_type=audio.MEDIA_TYPES[body.response_format])  # fmt: skip
 
 
-async def _first(request: Request, stream: SpeechStream) -> np.ndarray:
+async def _first(request: Request, stream: SpeechStream) -> Delta:
     """The first chunk, or ApiError 499 if the client leaves before it is made."""
     return await unless_gone(request, stream.__anext__())
 
@@ -113,16 +112,15 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-
-
 async def _chunks(
-    first: np.ndarray, stream: SpeechStream, abandoned, scope: dict
-) -> AsyncIterator[bytes]:
-    """16-bit PCM bytes of each chunk; stops the job if the response is dropped midway."""
+    first: Delta, stream: SpeechStream, abandoned, scope: dict
+) -> AsyncIterator[tuple[bytes, Delta]]:
+    """16-bit PCM bytes of each piece (with the piece); stops the job if the response is
+    dropped midway."""
     try:
-        yield pcm16(first)
-        async for chunk in stream:
-            yield pcm16(chunk)
+        yield pcm16(first.audio), first
+        async for delta in stream:
+            yield pcm16(delta.audio), delta
     except ApiError as exc:  # the headers are out: the stream can only end early
         log.warning("a streamed request failed after its first chunk: %s", exc.message)
         scope[CUT] = cut = StreamCut(exc)
@@ -134,31 +132,41 @@ async def _chunks(
             log.info("a streaming client went away; its request was stopped")
 
 
-async def _audio(chunks: AsyncIterator[bytes], fmt: str, rate: int) -> AsyncIterator[bytes]:
+async def _audio(chunks: AsyncIterator[tuple[bytes, Delta]], fmt: str, rate: int
+                 ) -> AsyncIterator[bytes]:  # fmt: skip
     if fmt == "wav":
         yield wav_header(rate)
-    async for data in chunks:
+    async for data, _delta in chunks:
         yield data
 
 
 async def _sse(
-    chunks: AsyncIterator[bytes], fmt: str, rate: int, stream: SpeechStream, scope: dict
+    chunks: AsyncIterator[tuple[bytes, Delta]], fmt: str, rate: int, stream: SpeechStream,
+    scope: dict,
 ) -> AsyncIterator[bytes]:
+    """OpenAI's events, each also saying which chunk of the text it carries (`chunk` of
+    `chunks`, 1-based) and the chunks that ran away so far (`runaways`: their audio may
+    be cut; the headers are out, so this is where a client learns it)."""
     header = wav_header(rate) if fmt == "wav" else b""
     try:
-        async for data in chunks:
+        async for data, delta in chunks:
             yield _event({"type": "speech.audio.delta",
-                          "audio": base64.b64encode(header + data).decode()})  # fmt: skip
+                          "audio": base64.b64encode(header + data).decode(),
+                          "chunk": delta.chunk, "chunks": delta.chunks,
+                          "runaways": delta.runaways})  # fmt: skip
             header = b""
     except StreamCut as cut:  # the event stream itself can say it (OpenAI's error event)
         scope.pop(CUT, None)  # said in the stream: it may end cleanly
         # the error object a response would carry, under an event of type "error"
         yield _event({"type": "error", **cut.error.body()})
         return
-    if stream.profile is not None:
-        used, made = stream.profile.prompt_rows, stream.profile.steps
+    if stream.result is not None:
+        result = stream.result
+        used, made = result.profile.prompt_rows, result.profile.steps
         yield _event({"type": "speech.audio.done", "usage": {
-            "input_tokens": used, "output_tokens": made, "total_tokens": used + made}})  # fmt: skip
+            "input_tokens": used, "output_tokens": made, "total_tokens": used + made},
+            "chunks": len(result.chunks), "runaways": result.runaways,
+            "cut": result.cut})  # fmt: skip
 
 
 def _event(data: dict) -> bytes:

@@ -8,7 +8,8 @@ with Synthesizer(SynthConfig.from_yaml("weights-demo/moss-tts.yaml")) as tts:
 Holds: config (the synth YAML; defaults in defaults.py), prompt, delay (the delay pattern's
 state machine), sampling, embeddings, heads, backbone (llama.cpp), codec (the ONNX audio
 tokenizer), normalize and language (text rules), synthesizer (the loop), streaming
-(windowed decoding while it speaks).
+(windowed decoding while it speaks), chunking (long text split where a speaker breathes),
+speech (a request's chunks, one voice).
 
 May import: source/, gguf/, disk/, native/ and the top level (errors, progress, report,
 hold_points) (rank 4); never quantize/ (beside it), verify/, doctor/, pipeline/ or cli/.
@@ -20,6 +21,7 @@ from .synthesizer import (
     Synthesizer,
     SynthProfile,
     SynthResult,
+    plan_text,
     synth_stream,
     synth_to_wav,
     write_wav,
@@ -32,6 +34,7 @@ __all__ = [
     "SynthProfile",
     "SynthResult",
     "Synthesizer",
+    "plan_text",
     "synth_stream",
     "synth_to_wav",
     "write_wav",

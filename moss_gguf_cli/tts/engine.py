@@ -54,6 +54,8 @@ class SynthProfile:
     decode_s: float = 0.0
     total_s: float = 0.0
     heads_backend: str = ""
+    chunks: int = 1  # the request's chunks (tts/speech.py)
+    runaways: int = 0  # chunks that ran away, retry included
 
     @property
     def audio_s(self) -> float:
@@ -101,6 +103,12 @@ class Utterance:
         self.frames = 0
         self.finished = False
         self.error: BaseException | None = None
+
+    @property
+    def runaway(self) -> bool:
+        """It used its whole step budget without ending (tts/speech.py retries it)."""
+        return (self.finished and self.error is None and self.count >= self.run.steps_allowed
+                and not (self.machine is not None and self.machine.done))  # fmt: skip
 
 
 class Engine:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -36,12 +36,13 @@ from .codec import (
 from .config import SAMPLING_KEYS, ModelInfo, SynthConfig, find_model_info
 from .delay import generated_segments
 from .embeddings import EmbeddingTables
-from .engine import Engine, Run, SynthProfile, Utterance
+from .engine import Engine, Run, SynthProfile
 from .heads import AudioHeads
 from .language import language_name
 from .normalize import normalize_text
 from .prompt import Prompt, PromptFields, build_prompt, dialogue_text, load_tokenizer
 from .sampling import Sampler, SamplingParams
+from .speech import RETRIES, ChunkReport, PlanLimits, Speech, SpeechPlan, plan_speech
 from .streaming import (
     Chunker,
     FrameAssembler,
@@ -54,6 +55,8 @@ from .streaming import (
 )
 
 log = logging.getLogger(__name__)
+
+DEFAULT_WIDTH = 4  # synth: chunks of a long text side by side (serve: --max-batch)
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,18 @@ class SynthResult:
     rows: np.ndarray | None = None  # every generated row (G, 1 + n_vq)
     profile: SynthProfile = field(default_factory=SynthProfile)
     output: Path | None = None  # the WAV, when written by `synth_to_wav`
+    chunks: list[ChunkReport] = field(default_factory=list)  # how each chunk of the text went
+    plan: SpeechPlan | None = None
+
+    @property
+    def runaways(self) -> list[int]:
+        """The chunks (1-based) that ran away, their retry included."""
+        return [c.index + 1 for c in self.chunks if c.ended == "runaway"]
+
+    @property
+    def cut(self) -> list[int]:
+        """The chunks (1-based) that max_new_tokens or n_ctx cut before they ended."""
+        return [c.index + 1 for c in self.chunks if c.ended == "cut"]
 
 
 class Synthesizer:
@@ -184,36 +199,18 @@ class Synthesizer:
     def synthesize(
         self, text: str, progress: ProgressReporter | None = None, **options: Any
     ) -> SynthResult:
-        """Like `generate`, returning the codes, rows and profile too.
+        """Speak TEXT whole: split into chunks where it is long (tts/speech.py), the chunks
+        after the first side by side in the engine, in one voice; the result joined.
 
-        Options (keywords; `prepare` lists their types): reference (a path or a 24 kHz
-        array), reference_codes, instruction, tokens, quality, sound_event, ambient_sound,
-        language, max_new_tokens, seed; ``normalize``: clean TEXT as the reference processor
-        does (tts/normalize.py) first; ``sampling``: this call's values of the config's
-        sampling keys (text_temperature, audio_top_k, ...; SAMPLING_KEYS), checked as the
-        YAML's are.
+        Options: reference (path or array), instruction, tokens, quality, sound_event,
+        ambient_sound, language, max_new_tokens (caps every chunk), seed, normalize, and
+        sampling (a dict of the config's sampling keys: SAMPLING_KEYS), checked as the
+        YAML's are. The result's `chunks` says how each chunk ended.
         """
-        run = self.prepare(text, **options)
-        progress = ensure(progress)
-        rows = list(self._rows(run, progress))
-        return self.whole_result(run, rows, progress)
-
-    def whole_result(
-        self, run: Run, rows: list[np.ndarray], progress: ProgressReporter | None = None
-    ) -> SynthResult:
-        """An utterance's generated rows decoded whole (`synthesize`, serve), kept as
-        `last_result`; OutputError if they hold no complete frame."""
-        progress = ensure(progress)
-        profile = run.profile
-        rows = np.array(rows, dtype=np.int64).reshape(-1, 1 + self.info.n_vq)
-        segments = _complete_frames(generated_segments(rows, self.info), self.info.audio_pad_code)
-        if not segments:
-            raise _no_frames(profile)
-        waveform = self._decode(segments, profile, progress, run.prompt.continuation_codes)
-        profile.total_s = time.perf_counter() - run.t_start
-        result = SynthResult(waveform=waveform, codes=segments, rows=rows, profile=profile)
-        self.last_profile, self.last_result = profile, result
-        return result
+        speech = self.speech(text, progress, **options)
+        for _ in self.drive(speech):
+            pass
+        return self.speech_result(speech)
 
     def stream(
         self,
@@ -224,42 +221,113 @@ class Synthesizer:
     ) -> Iterator[np.ndarray]:
         """The waveform for TEXT in chunks (float32, 24 kHz) as it is generated.
 
-        Takes `synthesize`'s keyword options. The chunks joined equal `synthesize`'s raw
-        decode (the decoder gets the left context it needs, tts/streaming.py); the loudness
-        gain is the one `synthesize` would use for the first window (the whole utterance is
-        not known yet) and is held for the rest. Afterwards `last_result` holds the
-        joined waveform, codes, rows and profile.
+        Takes `synthesize`'s keyword options. Within a chunk of the text the pieces joined
+        equal `synthesize`'s raw decode (the decoder gets the left context it needs,
+        tts/streaming.py); the loudness gain is the first window's, held for the rest.
+        Chunks come in order, joined as `synthesize` joins them. Afterwards `last_result`
+        holds the joined waveform, codes, rows, profile and chunks.
         """
-        run = self.prepare(text, **options)
-        chunker = self.chunker(window)
-        for row in self._rows(run, ensure(progress)):
-            yield from chunker.push(row)
-        yield from chunker.finish()
-        self.stream_result(run, chunker)
+        made: list[np.ndarray] = []
+        speech = self.speech(text, progress, on_audio=lambda audio, _i: made.append(audio),
+                             window=window, **options)  # fmt: skip
+        for _ in self.drive(speech):
+            yield from made
+            made.clear()
+        yield from made
+        self.speech_result(speech)
+
+    def speech(self, text: str, progress: ProgressReporter | None = None,
+               on_audio: Callable[[np.ndarray, int], None] | None = None,
+               window: StreamSettings | None = None, retries: int = RETRIES,
+               **options: Any) -> Speech:  # fmt: skip
+        """TEXT planned into chunks, ready to drive (`drive`, or the server's worker); a
+        reference given as audio is encoded once here for every chunk."""
+        if self.backbone is None or self.codec is None:
+            raise InputError("the synthesizer is closed")
+        options = dict(options)
+        reference = options.pop("reference", None)
+        if reference is not None and options.get("reference_codes") is None:
+            options["reference_codes"] = self.encode_reference(reference)
+        self._sampling_config(options.get("sampling"))  # bad keys: refused before any work
+        if self.info.variant == "MOSS-SoundEffect" and (text is None or not text.strip()):
+            # the sound alone: planned as the text, which `prepare` makes Text None again
+            text, options["ambient_sound"] = options.get("ambient_sound"), None
+        plan = self.plan(text, **options)
+        for key in ("max_new_tokens", "normalize"):
+            options.pop(key, None)
+        return Speech(self, plan, options, ensure(progress), on_audio, retries, window)
+
+    def plan(self, text: str, **options: Any) -> SpeechPlan:
+        """TEXT's chunks, prompts and budgets (`synth --dry-run` shows them)."""
+        assert self.backbone is not None
+        codes = options.get("reference_codes")
+        frames = None if codes is None else int(np.asarray(codes).shape[0])
+        return _plan(self.tokenizer, self.info, self.backbone.n_ctx, self.config, text,
+                     options, frames)  # fmt: skip
+
+    def drive(self, speech: Speech) -> Iterator[None]:
+        """SPEECH through this synthesizer's engine, alone: one yield per step."""
+        engine = self.engine
+        try:
+            while not speech.done:
+                for u in speech.ready(len(engine.free)):
+                    engine.join(u)
+                for u in engine.step():
+                    speech.ended(u)
+                yield
+        finally:
+            if speech.running:  # a failure, or a consumer that stopped early
+                speech.abort(engine, speech.error or InputError("stopped"))
+        if speech.error is not None:
+            raise speech.error
+
+    def speech_result(self, speech: Speech) -> SynthResult:
+        """The finished SPEECH as a result, kept as `last_result`; OutputError if it made
+        no audio."""
+        t0 = time.perf_counter()
+        waveform, segments = speech.result_audio()
+        profile = speech.profile()
+        if speech.on_audio is None:
+            profile.decode_s += time.perf_counter() - t0
+        if not segments or not waveform.size:
+            raise _no_frames(profile)
+        rows = [np.array(c.rows, dtype=np.int64).reshape(-1, 1 + self.info.n_vq)
+                for c in speech.chunks]  # fmt: skip
+        result = SynthResult(waveform=waveform, codes=segments, rows=np.concatenate(rows),
+                             profile=profile, chunks=[c.report for c in speech.chunks],
+                             plan=speech.plan)  # fmt: skip
+        self.last_profile, self.last_result = profile, result
+        return result
+
+    def chunk_segments(self, rows: list[np.ndarray]) -> list[np.ndarray]:
+        """One utterance's generated rows → its whole audio segments (T, n_vq)."""
+        array = np.array(rows, dtype=np.int64).reshape(-1, 1 + self.info.n_vq)
+        return _complete_frames(generated_segments(array, self.info), self.info.audio_pad_code)
+
+    def decode_raw(
+        self, segments: list[np.ndarray], context: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The segments' audio one after the other, as decoded (no loudness change).
+        CONTEXT: the audio the first segment continues (a continuation prompt's codes, as a
+        TTSD dialogue's joined clips); decoded before it and cut off, as upstream trims it,
+        so the first frames sound as they follow it."""
+        assert self.codec is not None
+        pieces = []
+        for i, segment in enumerate(segments):
+            if i == 0 and context is not None and context.shape[0]:
+                audio = self.codec.decode(np.concatenate([context, segment]))
+                pieces.append(audio[context.shape[0] * FRAME_SAMPLES :])
+            else:
+                pieces.append(self.codec.decode(segment))
+        return np.concatenate(pieces)
 
     def chunker(self, window: StreamSettings | None = None) -> Chunker:
-        """What turns one utterance's rows into its streamed chunks (`stream`, serve)."""
+        """What turns one utterance's rows into its streamed chunks (tts/speech.py)."""
         assert self.codec is not None
         return Chunker(
             WindowDecoder(self.codec, self.receptive_field(), window or StreamSettings()),
             FrameAssembler(self.info.n_vq, self.info.audio_pad_code),
         )
-
-    def stream_result(self, run: Run, chunker: Chunker) -> SynthResult:
-        """The result of a streamed utterance (after `chunker.finish()`), kept as
-        `last_result`; OutputError if it made no audio."""
-        profile, decoder = run.profile, chunker.decoder
-        profile.frames, profile.segments = decoder.frames, len(decoder.segments)
-        profile.decode_s = decoder.decode_s
-        profile.total_s = time.perf_counter() - run.t_start
-        if not chunker.pieces:
-            raise _no_frames(profile)
-        result = SynthResult(
-            waveform=np.concatenate(chunker.pieces), codes=decoder.segments,
-            rows=np.array(chunker.rows, dtype=np.int64), profile=profile,
-        )  # fmt: skip
-        self.last_profile, self.last_result = profile, result
-        return result
 
     def receptive_field(self) -> ReceptiveField:
         """The loaded audio decoder's reach in frames (measured once, tts/streaming.py)."""
@@ -433,48 +501,51 @@ class Synthesizer:
             seed=seed,
         )
 
-    def _rows(self, run: Run, progress: ProgressReporter) -> Iterator[np.ndarray]:
-        """One utterance alone in the engine: its rows (1 + n_vq) as they are generated."""
-        made: list[np.ndarray] = []
-        u = Utterance(run, progress, made.append)
-        self.engine.join(u)
-        try:
-            while not u.finished:
-                self.engine.step()
-                yield from made
-                made.clear()
-        finally:
-            self.engine.leave(u)  # a consumer that stops early frees the sequence
-        if u.error is not None:
-            raise u.error
 
-    def _decode(
-        self,
-        segments: list[np.ndarray],
-        profile: SynthProfile,
-        progress: ProgressReporter,
-        context: np.ndarray | None = None,
-    ) -> np.ndarray:
-        """The segments' audio, one after the other, loudness-normalised. CONTEXT: the audio
-        the first segment continues (a continuation prompt's codes); decoded before it and cut
-        off, as upstream trims it, so the first frames sound as they follow it."""
-        assert self.codec is not None
-        t0 = time.perf_counter()
-        progress.start("decode", "decoding audio", total=len(segments), unit="segments")
-        pieces = []
-        for i, segment in enumerate(segments):
-            if i == 0 and context is not None and context.shape[0]:
-                audio = self.codec.decode(np.concatenate([context, segment]))
-                pieces.append(audio[context.shape[0] * FRAME_SAMPLES :])
-            else:
-                pieces.append(self.codec.decode(segment))
-            progress.advance("decode", 1)
-        progress.finish("decode")
-        waveform = loudness_normalize(np.concatenate(pieces))
-        profile.decode_s = time.perf_counter() - t0
-        profile.frames = int(sum(s.shape[0] for s in segments))
-        profile.segments = len(segments)
-        return waveform
+_FIELD_KEYS = ("instruction", "tokens", "quality", "sound_event", "ambient_sound", "language")
+
+
+def _plan(tokenizer, info: ModelInfo, n_ctx: int, config: SynthConfig, text: str,
+          options: dict[str, Any], voice_frames: int | None) -> SpeechPlan:  # fmt: skip
+    cap = options.get("max_new_tokens")
+    cap = config.max_new_tokens if cap is None else int(cap)
+    if cap < 1:
+        raise InputError(f"max_new_tokens must be at least 1, got {cap}")
+    values = {key: options.get(key) for key in _FIELD_KEYS}
+    values["language"] = language_name(values["language"])  # as the prompt holds it
+    fields = PromptFields(text="", **values)
+    normalize = normalize_text if options.get("normalize", True) else None
+    return plan_speech(tokenizer, info, text, PlanLimits(n_ctx, cap), fields, voice_frames,
+                       normalize)  # fmt: skip
+
+
+def plan_text(config: SynthConfig, text: str | None, reference: str | Path | None = None,
+              **options: Any) -> SpeechPlan:  # fmt: skip
+    """TEXT's plan (chunks, their text and language as the prompt holds them, budgets)
+    without loading the backbone or the audio tokenizer: `synth --dry-run`. A REFERENCE
+    is read for its length only."""
+    options = dict(options)
+    text, options["ambient_sound"] = _described(
+        config, text, options.get("ambient_sound"), options.get("sound_event")
+    )
+    if not isinstance(text, str) or not text.strip():
+        raise InputError("the text to speak is empty", hint="pass --text or --text-file")
+    config.check_files()
+    info = find_model_info(config)
+    info.refuse_unsupported()
+    tokenizer = load_tokenizer(config.tokenizer_dir)
+    frames = None
+    if reference is not None:
+        samples = read_reference(Path(reference)).size
+        frames = max(1, -(-samples // FRAME_SAMPLES))
+    return _plan(tokenizer, info, config.n_ctx, config, text, options, frames)
+
+
+def batch_width(plan: SpeechPlan, most: int) -> int:
+    """How many chunks of PLAN can run side by side, at most MOST: all of them with the
+    caller's voice, all but the first (which they wait for) without."""
+    side_by_side = len(plan.chunks) - (plan.voice == "chunk 1")
+    return max(1, min(most, side_by_side))
 
 
 class PromptTooLong(InputError):
@@ -527,6 +598,17 @@ def write_wav(path: Path, waveform: np.ndarray, sample_rate: int = SAMPLE_RATE) 
     return path
 
 
+def _described(
+    config: SynthConfig, text: str | None, ambient_sound: str | None, sound_event: str | None
+) -> tuple[str | None, str | None]:
+    """MOSS-SoundEffect given only the sound: the sound as the text to plan, which `prepare`
+    turns back into Text None beside the ambient sound (upstream's prompt)."""
+    if (text is None or not text.strip()) and ambient_sound and not sound_event:
+        if find_model_info(config).variant == "MOSS-SoundEffect":
+            return ambient_sound, None
+    return text, ambient_sound
+
+
 def _check_cheap(text: str | None, options: dict[str, Any]) -> None:
     """What can be refused before minutes of loading on the real model."""
     described = options.get("ambient_sound") or options.get("sound_event")
@@ -555,8 +637,11 @@ def synth_to_wav(
     ambient_sound: str | None = None,
     normalize: bool = True,
     speakers: Sequence[Speaker] | None = None,
+    max_batch: int = DEFAULT_WIDTH,
+    retries: int = RETRIES,
 ) -> SynthResult:
-    """Load, speak TEXT once and write OUTPUT (24 kHz WAV): what `moss-gguf synth` does."""
+    """Load, speak TEXT once and write OUTPUT (24 kHz WAV): what `moss-gguf synth` does.
+    A long TEXT's chunks run up to MAX_BATCH side by side (one KV sequence each)."""
     output = Path(output)
     if output.is_dir():
         raise OutputError("the output is a folder", path=output, hint="name a .wav file")
@@ -564,7 +649,11 @@ def synth_to_wav(
         raise OutputError("the output folder does not exist", path=output.parent)
     _check_cheap(text, dict(reference=reference, language=language, speakers=speakers,
                             ambient_sound=ambient_sound, sound_event=sound_event))  # fmt: skip
-    with Synthesizer(config) as tts:
+    plan = plan_text(config, text, reference, instruction=instruction, tokens=tokens,
+                     quality=quality, language=language, max_new_tokens=max_new_tokens,
+                     sound_event=sound_event, ambient_sound=ambient_sound,
+                     normalize=normalize)  # fmt: skip
+    with Synthesizer(config, max_batch=batch_width(plan, max_batch)) as tts:
         result = tts.synthesize(
             text,
             reference=reference,
@@ -579,6 +668,7 @@ def synth_to_wav(
             ambient_sound=ambient_sound,
             normalize=normalize,
             speakers=speakers,
+            retries=retries,
         )
         rate = tts.info.sampling_rate  # the model's (checked against the codec's on load)
     result.output = write_wav(output, result.waveform, rate)
@@ -591,6 +681,7 @@ def synth_stream(
     text: str | None,
     fmt: str = "pcm",
     progress: ProgressReporter | None = None,
+    max_batch: int = DEFAULT_WIDTH,
     **options: Any,
 ) -> SynthResult:
     """Load, speak TEXT and write its audio as it is generated (`moss-gguf synth --stream`):
@@ -603,7 +694,8 @@ def synth_stream(
     _check_cheap(text, options)
     if isinstance(output, Path) and (output.is_dir() or not output.parent.is_dir()):
         raise OutputError("not a file in an existing folder", path=output)
-    with Synthesizer(config) as tts:
+    plan = plan_text(config, text, **options)
+    with Synthesizer(config, max_batch=batch_width(plan, max_batch)) as tts:
         rate = tts.info.sampling_rate
         if not isinstance(output, Path):
             return _write_stream(tts, output, fmt, rate, text, progress, options)
