@@ -158,11 +158,22 @@ def test_malformed_bodies_get_messages_about_the_body(http):
     assert "seed" in api_error(post(huge.encode()), 400, "seed")["message"]
 
 
-def test_text_that_does_not_fit_names_input(http):
-    """4,096 Chinese characters (within the limit) make a prompt longer than the context."""
-    error = api_error(http.post("/v1/audio/speech", json={**OK, "input": "中" * 4096}), 400,
-                      "input")  # fmt: skip
-    assert "input" in error["message"]
+def test_text_within_the_limit_is_spoken_whole_and_a_prompt_that_cannot_fit_names_input(http):
+    """4,096 Chinese characters (within the limit) were a 400 naming nothing useful: the
+    prompt was longer than the context. Now the text is split into chunks and spoken whole.
+    What cannot fit even split (instructions taking the whole context) is a 400 naming
+    input, in the API's words."""
+    long = {**OK, "input": "中" * 4096, "stream_format": "sse"}
+    reply = http.post("/v1/audio/speech", json=long)
+    assert reply.status_code == 200, reply.text
+    events = [json.loads(line[6:]) for line in reply.text.splitlines()
+              if line.startswith("data: ")]  # fmt: skip
+    done = events[-1]
+    assert done["type"] == "speech.audio.done" and done["chunks"] > 1, done
+    assert {e["chunk"] for e in events[:-1]} == set(range(1, done["chunks"] + 1))
+    crowded = {**OK, "instructions": "x " * 2000}  # 4,000 characters, about 2,000 tokens
+    error = api_error(http.post("/v1/audio/speech", json=crowded), 400, "input")
+    assert "instructions" in error["message"]
 
 
 def test_every_string_field_is_bounded(http):

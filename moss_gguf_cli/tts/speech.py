@@ -46,6 +46,15 @@ RETRIES = 1  # a runaway chunk is run once more with another seed
 _SEED_STRIDE = 1_000_003  # a retry's seed: far from every chunk's first seed
 
 
+class PromptTooLong(InputError):
+    """The prompt (text, instruction, reference voice) does not fit the context (n_ctx)."""
+
+    def __init__(self, rows: int, n_ctx: int):
+        super().__init__(f"the prompt is {rows} rows but n_ctx is {n_ctx}",
+                         hint="raise n_ctx in the config, or shorten the text / reference")
+        self.rows, self.n_ctx = rows, n_ctx
+
+
 @dataclass(frozen=True)
 class PlanLimits:
     """What bounds a chunk: the context, the caller's max_new_tokens (caps every chunk)."""
@@ -121,12 +130,8 @@ def plan_speech(tokenizer, info: ModelInfo, text: str, limits: PlanLimits,
             if len(parts) > 1:
                 queue[:0] = parts
                 continue
-        if chunk.budget < 1:
-            raise InputError(
-                f"the prompt of chunk {len(chunks) + 1} is {chunk.prompt_rows} rows but "
-                f"n_ctx is {limits.n_ctx}",
-                hint="raise n_ctx in the config, or shorten the reference / instruction",
-            )
+        if chunk.budget < 1:  # not even one word of text fits beside the rest of the prompt
+            raise PromptTooLong(chunk.prompt_rows, limits.n_ctx)
         chunks.append(chunk)
     if voice == "chunk 1" and len(chunks) == 1:
         voice = "none"

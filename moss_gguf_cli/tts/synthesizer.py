@@ -42,7 +42,15 @@ from .language import language_name
 from .normalize import normalize_text
 from .prompt import Prompt, PromptFields, build_prompt, dialogue_text, load_tokenizer
 from .sampling import Sampler, SamplingParams
-from .speech import RETRIES, ChunkReport, PlanLimits, Speech, SpeechPlan, plan_speech
+from .speech import (
+    RETRIES,
+    ChunkReport,
+    PlanLimits,
+    PromptTooLong,
+    Speech,
+    SpeechPlan,
+    plan_speech,
+)
 from .streaming import (
     Chunker,
     FrameAssembler,
@@ -546,15 +554,6 @@ def batch_width(plan: SpeechPlan, most: int) -> int:
     caller's voice, all but the first (which they wait for) without."""
     side_by_side = len(plan.chunks) - (plan.voice == "chunk 1")
     return max(1, min(most, side_by_side))
-
-
-class PromptTooLong(InputError):
-    """The prompt (text, instruction, reference voice) does not fit the context (n_ctx)."""
-
-    def __init__(self, rows: int, n_ctx: int):
-        super().__init__(f"the prompt is {rows} rows but n_ctx is {n_ctx}",
-                         hint="raise n_ctx in the config, or shorten the text / reference")
-        self.rows, self.n_ctx = rows, n_ctx
 
 
 class NoFrames(OutputError):
