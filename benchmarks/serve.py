@@ -3,7 +3,7 @@
     python benchmarks/serve.py [--folder W] [--requests 200] [--concurrency 8]
         [--max-new-tokens 48] [--workdir /tmp/moss-gguf-bench] [--keep]
     python benchmarks/serve.py --ttfa [--rounds 2] [--seconds 8,16] [--levels 1,2,4,8]
-        [--max-batch 4]
+        [--max-batch 4] [--batch-width served]
 
 --ttfa: two servers on the same folder, a 1-wide one (--max-batch 1) and a --max-batch one.
 Per utterance length (--seconds of audio), one greedy pcm request streamed (stream_format
@@ -107,9 +107,11 @@ def speaking_checkpoint(checkpoint: Path) -> Path:
     return dest
 
 
-def start(folder: Path, voices: Path, log: Path, max_batch: int) -> tuple[subprocess.Popen, str]:
+def start(folder: Path, voices: Path, log: Path, max_batch: int,
+          batch_width: str = "served") -> tuple[subprocess.Popen, str]:  # fmt: skip
     cmd = [*MOSS, "serve", "--config", str(folder / "moss-tts.yaml"), "--port", "0",
-           "--voices", str(voices), "--max-batch", str(max_batch)]  # fmt: skip
+           "--voices", str(voices), "--max-batch", str(max_batch),
+           "--batch-width", batch_width]  # fmt: skip
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     while not (found := re.search(r"http://127\.0\.0\.1:(\d+)/v1", log.read_text())):
@@ -300,6 +302,8 @@ def main() -> None:
                         "concurrency level instead of the mixed load run")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3, help="--ttfa: alternated rounds")
     parser.add_argument("--max-batch", type=int, default=4, help="the server's --max-batch")
+    parser.add_argument("--batch-width", default="served",
+                        help="the --max-batch server's --batch-width")  # fmt: skip
     parser.add_argument("--levels", type=lambda v: [int(x) for x in v.split(",") if x],
                         default=[1, 2, 4, 8],
                         help="--ttfa: concurrency levels ('' for none)")  # fmt: skip
@@ -310,7 +314,7 @@ def main() -> None:
     folder = args.folder or build_folder(args.workdir, speaking=args.ttfa)
     with tempfile.TemporaryDirectory(prefix="moss-serve-bench-") as tmp:
         log = Path(tmp) / "serve.log"
-        proc, url = start(folder, Path(tmp) / "voices", log, args.max_batch)
+        proc, url = start(folder, Path(tmp) / "voices", log, args.max_batch, args.batch_width)
         lone = None
         try:
             if args.ttfa:

@@ -153,7 +153,7 @@ def main() -> None:
         machine.state.time_step = N_VQ + 5
         machine.state.delayed_length = None
         plan = machine.plan()
-        text = machine.choose_text(text_logits, sampler, plan)
+        text = machine.choose_text(text_logits[plan.text_ids], sampler, plan)
         codes = machine.choose_audio(audio_logits.copy(), sampler, plan)
         machine.advance(
             text

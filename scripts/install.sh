@@ -8,6 +8,11 @@
 #                                          # Debian's chromium + chromium-driver (apt-get, as
 #                                          # root; skipped when both are installed) for the
 #                                          # browser tests of serve's page
+#         bash scripts/install.sh --gpu cuda   # llama.cpp with a GPU backend as well:
+#                                              # cuda, vulkan or metal (the CPU build is the
+#                                              # default; `moss-gguf doctor` says what is
+#                                              # offloaded). Its toolkit must be installed:
+#                                              # nvcc (CUDA), the Vulkan SDK, Xcode (Metal).
 #
 # The llama.cpp CPU flags come from /proc/cpuinfo (python -m moss_gguf_cli.native.cpu_features):
 # every instruction set this CPU has, AMX never. The llama-cpp-python wheel and its cmake
@@ -50,15 +55,32 @@ browser_for_tests() {
 PYTHON=${PYTHON:-python}
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 MODE=tool
-case "${1:-}" in
-    "") ;;
-    --test) MODE=test ;;
-    *) die "unknown option ${1} (use --test, or nothing)" ;;
+GPU=""
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --test) MODE=test ;;
+        --gpu)
+            GPU=${2:-}
+            shift ;;
+        *) die "unknown option ${1} (use --test, --gpu cuda|vulkan|metal, or nothing)" ;;
+    esac
+    shift
+done
+case "$GPU" in
+    "") GPU_ARGS="" ;;
+    cuda) GPU_ARGS="-DGGML_CUDA=on" ;;
+    vulkan) GPU_ARGS="-DGGML_VULKAN=on" ;;
+    metal) GPU_ARGS="-DGGML_METAL=on" ;;
+    *) die "--gpu takes cuda, vulkan or metal, not '${GPU}'" ;;
 esac
 
 VER=$("$PYTHON" -m moss_gguf_cli.native.pins llama-cpp-python)
 ARGS=$("$PYTHON" -m moss_gguf_cli.native.cpu_features --cmake-args)
 KEY=$("$PYTHON" -m moss_gguf_cli.native.cpu_features --key)
+if [[ -n "$GPU" ]]; then  # a build of its own: the CPU wheel in the cache stays as it is
+    ARGS="$ARGS $GPU_ARGS"
+    KEY="$KEY-$GPU"
+fi
 CACHE=${MOSS_GGUF_CACHE:-$HOME/.cache/moss-gguf}
 WHEELS="$CACHE/wheels/llama-cpp-python-$VER-$KEY"
 BUILD="$CACHE/build/llama-cpp-python-$VER-$KEY"
@@ -66,6 +88,11 @@ export CMAKE_BUILD_PARALLEL_LEVEL=${MOSS_GGUF_BUILD_JOBS:-$(nproc 2>/dev/null ||
 START=$(date +%s)
 
 installed=$("$PYTHON" -c 'import llama_cpp; print(llama_cpp.__version__)' 2>/dev/null || true)
+offloads=$("$PYTHON" -c 'import llama_cpp; print(int(llama_cpp.llama_supports_gpu_offload()))' \
+    2>/dev/null || echo 0)
+if [[ -n "$GPU" && "$offloads" != 1 ]]; then
+    installed=""  # the installed build has no GPU backend: build the one asked for
+fi
 if [[ "$installed" == "$VER" && "${MOSS_GGUF_REBUILD:-}" != 1 ]]; then
     log "llama-cpp-python $VER is installed; keeping it (MOSS_GGUF_REBUILD=1 builds it again)"
 else

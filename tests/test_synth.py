@@ -264,6 +264,7 @@ def test_cli_writes_a_wav_and_profiles(weights, tmp_path):
     result = _synth(weights, "--text", "Hello", "-o", str(out), "--seed", "4", "--profile")
     assert result.exit_code == 0, result.output
     assert "real-time factor" in result.output and "steps/s" in result.output
+    assert "floor / step" in result.output and "floor / actual" in result.output
     data, rate = sf.read(out)
     assert rate == 24000 and data.size % FRAME_SAMPLES == 0 and data.size > 0
     # the same seed through the API gives the same samples

@@ -30,6 +30,9 @@ EXAMPLES = """
   # /health says 503 once running requests made no progress for 60 s
   moss-gguf serve --config weights/moss-tts.yaml --stall-timeout 60
 
+  # the same greedy audio for a request alone or batched (docs/memory-floor.md)
+  moss-gguf serve --config weights/moss-tts.yaml --batch-width identical
+
   curl http://127.0.0.1:8000/v1/audio/speech -H 'Content-Type: application/json' \\
       -d '{"model": "moss-tts", "input": "Hello", "voice": "default", "response_format": "wav"}' \\
       -o hello.wav
@@ -87,6 +90,14 @@ def serve_command(
         typer.Option(help="How often a chunk of the text that reaches its step budget without "
                      "ending is run again with another seed (0: never)."),
     ] = 1,
+    batch_width: Annotated[
+        str,
+        typer.Option(
+            help="served: each step as wide as the requests being served (a lone request "
+            "runs as fast as on --max-batch 1); identical: the same greedy audio alone or "
+            "batched (llama.cpp's weights not repacked); fixed: always --max-batch wide."
+        ),
+    ] = "served",
     quiet: Quiet = False,
     verbose: Verbose = False,
 ) -> None:
@@ -95,7 +106,7 @@ def serve_command(
     settings = ServeSettings(
         config=config, host=host, port=port, api_key=api_key, voices=voices,
         max_queue=max_queue, max_batch=max_batch, stall_timeout=stall_timeout,
-        runaway_retries=runaway_retries,
+        runaway_retries=runaway_retries, batch_width=batch_width,
     )  # fmt: skip
     settings.check()  # before the imports and the model: a refused binding costs nothing
     run_server = _server()

@@ -22,6 +22,7 @@ from ..tts import (
     synth_stream,
     synth_to_wav,
 )
+from ..tts.floor import StepFloor, step_floor
 from ..tts.language import language_name
 from ..tts.speech import SpeechPlan
 from ._command import command
@@ -126,7 +127,7 @@ def synth_command(
     ] = None,
     heads_backend: Annotated[
         str | None,
-        typer.Option(help="auto/numpy/torch: float32 audio heads; ggml-f16: float16, faster."),
+        typer.Option(help="auto/ggml-f16: float16 audio heads (faster); numpy/torch: float32."),
     ] = None,
     n_gpu_layers: Annotated[int | None, typer.Option(help="-1 = all, 0 = CPU.")] = None,
     n_ctx: Annotated[int | None, typer.Option(help="Context length.")] = None,
@@ -232,7 +233,9 @@ def synth_command(
     info(mode, f"{p.frames} frames, {p.audio_s:.2f} s of audio in {p.total_s:.1f} s{chunks}")
     _warn_cut(result)
     if settings.profile:
-        (stderr if result.output is None else stdout).print(_profile_table(p, result))
+        # measured after the run, in the same process: the floor's bandwidth is now's
+        floor = step_floor(settings)
+        (stderr if result.output is None else stdout).print(_profile_table(p, floor, result))
     if result.output is not None:
         typer.echo(str(result.output))
 
@@ -313,7 +316,9 @@ def _warn_cut(result: SynthResult) -> None:
                          "--max-new-tokens / n_ctx before it ended (raise them)")  # fmt: skip
 
 
-def _profile_table(p: SynthProfile, result: SynthResult | None = None) -> Table:
+def _profile_table(
+    p: SynthProfile, floor: StepFloor, result: SynthResult | None = None
+) -> Table:
     table = Table(title="synth profile", show_header=True)
     table.add_column("measure")
     table.add_column("value", justify="right")
@@ -325,6 +330,9 @@ def _profile_table(p: SynthProfile, result: SynthResult | None = None) -> Table:
         (f"  heads ({p.heads_backend}) / step", f"{p.per_step_ms('heads'):.2f} ms"),
         ("  sampling / step", f"{p.per_step_ms('sampling'):.2f} ms"),
         ("  embeddings / step", f"{p.per_step_ms('embed'):.2f} ms"),
+        ("floor / step", f"{floor.ms:.2f} ms ({floor.step_bytes / 1e6:.0f} MB at "
+         f"{floor.bandwidth / 1e9:.1f} GB/s; docs/memory-floor.md)"),
+        ("floor / actual", f"{floor.ms * p.steps_per_s / 1000:.2f}"),
         ("audio decode", f"{p.decode_s:.3f} s"),
         ("audio", f"{p.frames} frames, {p.audio_s:.2f} s, {p.segments} segment(s)"),
         ("ended by", "<|im_end|>" if p.stopped else "max-new-tokens / n_ctx"),

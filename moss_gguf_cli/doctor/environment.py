@@ -263,6 +263,11 @@ def nvidia_gpus() -> list[str]:
     return names
 
 
+# what a synth or serve run does with the backbone's layers (n_gpu_layers, -1 by default)
+ONLOAD = "yes, the n_gpu_layers of the config (-1, the default: all of them)"
+NO_OFFLOAD = "no, every layer runs on the CPU"
+
+
 def gpu_rows(safe_import: bool, providers: list[str] | None) -> list[CheckRow]:
     nvidia = nvidia_gpus()
     seen = f"; the driver reports {', '.join(nvidia)}" if nvidia else ""
@@ -281,14 +286,16 @@ def gpu_rows(safe_import: bool, providers: list[str] | None) -> list[CheckRow]:
             f"{d['name']} {d['description']} ({human_bytes(d['total'])})" for d in gpus
         )
         if gpus:
-            rows.append(CheckRow("gpu", "llama.cpp GPU", PASS, f"GPU offload: {listed}"))
+            rows.append(CheckRow("gpu", "llama.cpp GPU", PASS, f"GPU offload: {listed}; "
+                                 f"layers offloaded: {ONLOAD}"))  # fmt: skip
         elif offload:
             rows.append(
                 CheckRow(
                     "gpu",
                     "llama.cpp GPU",
                     WARN,
-                    f"built with GPU offload but no GPU device is visible{seen}",
+                    f"built with GPU offload but no GPU device is visible{seen}; "
+                    f"layers offloaded: {NO_OFFLOAD}",
                     "check the GPU driver and CUDA_VISIBLE_DEVICES (or set n_gpu_layers: 0)",
                 )
             )
@@ -298,13 +305,14 @@ def gpu_rows(safe_import: bool, providers: list[str] | None) -> list[CheckRow]:
                     "gpu",
                     "llama.cpp GPU",
                     WARN,
-                    f"CPU only: this llama-cpp-python has no GPU backend{seen}",
-                    'for GPU speed: CMAKE_ARGS="-DGGML_CUDA=on -DGGML_NATIVE=OFF" pip install '
-                    "--force-reinstall --no-cache-dir llama-cpp-python",
+                    f"CPU only: this llama-cpp-python has no GPU backend{seen}; "
+                    f"layers offloaded: {NO_OFFLOAD}",
+                    "for GPU speed: bash scripts/install.sh --gpu cuda (docs/memory-floor.md)",
                 )
             )
         else:
-            rows.append(CheckRow("gpu", "llama.cpp GPU", PASS, "CPU only (no GPU backend)"))
+            rows.append(CheckRow("gpu", "llama.cpp GPU", PASS, "CPU only (no GPU backend); "
+                                 f"layers offloaded: {NO_OFFLOAD}"))  # fmt: skip
     if providers is None:
         rows.append(CheckRow("gpu", "onnxruntime GPU", WARN, "not checked: onnxruntime unusable"))
     elif "CUDAExecutionProvider" in providers:

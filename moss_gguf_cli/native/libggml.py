@@ -53,6 +53,7 @@ _BASE = {
     "ggml_graph_overhead": ([], _SZ),
     "ggml_tensor_overhead": ([], _SZ),
     "ggml_get_tensor": ([_VP, _CP], _VP),
+    "ggml_get_name": ([_VP], _CP),
     "ggml_row_size": ([_I32, _I64], _SZ),
     "ggml_quantize_init": ([_I32], None),
     "ggml_quantize_chunk": ([_I32, _FP, _VP, _I64, _I64, _I64, _FP], _SZ),

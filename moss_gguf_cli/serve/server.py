@@ -21,6 +21,7 @@ import uvicorn
 
 from ..errors import UsageError
 from ..tts import SynthConfig, Synthesizer
+from ..tts.engine import EngineSettings
 from .metrics import Metrics
 from .routes import Service, create_app
 from .scheduler import Scheduler
@@ -92,7 +93,8 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def _load(settings: ServeSettings, config: SynthConfig) -> Service:
-    tts = Synthesizer(config, max_batch=settings.max_batch)
+    tts = Synthesizer(config, max_batch=settings.max_batch,
+                      settings=EngineSettings(width=settings.batch_width))  # fmt: skip
     try:
         # the gauges read the scheduler when scraped; it is made right after
         metrics = Metrics(lambda: scheduler.waiting, lambda: float(scheduler.busy),

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
+from ..tts.engine import WIDTHS
 
 # OpenAI's limit on `input`; longer text is refused with 413 before it is queued
 MAX_INPUT_CHARS = 4096
@@ -47,6 +48,10 @@ class ServeSettings:
     max_batch: int = 4  # requests generated together, one KV sequence (n_ctx positions) each
     stall_timeout: float = 300.0  # seconds without a step while requests run: unhealthy
     runaway_retries: int = 1  # a chunk that reaches its step budget is run again this often
+    # the batch's width policy (tts/engine.py EngineSettings): "served" (default) as wide as
+    # the requests being served, so a lone one runs as fast as on a 1-wide server;
+    # "identical" the same greedy audio alone or batched; "fixed" always max_batch wide
+    batch_width: str = "served"
 
     @property
     def voices_dir(self) -> Path:
@@ -60,6 +65,9 @@ class ServeSettings:
             raise UsageError(f"--max-batch must be 1 or more, got {self.max_batch}")
         if self.runaway_retries < 0:
             raise UsageError(f"--runaway-retries must be 0 or more, got {self.runaway_retries}")
+        if self.batch_width not in WIDTHS:
+            raise UsageError(f"--batch-width must be one of {', '.join(WIDTHS)}, "
+                             f"not {self.batch_width!r}")  # fmt: skip
         if self.max_queue < 0:
             raise UsageError(f"--max-queue must be 0 or more, got {self.max_queue}")
         if self.api_key is not None and not self.api_key.strip():

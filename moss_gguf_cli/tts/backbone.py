@@ -17,6 +17,16 @@ row on its own instead changes its bits (other matmul kernels: K-quant repacked
 gemm vs gemv), and a near-tie in greedy decoding then flips a code.
 Generation steps are single rows, embeddings on.
 
+The text head (`output`, 155,648 rows on the real model: 0.5 GB in Q6_K, more than two of the
+36 layers) is the last node of llama.cpp's graph, after `result_norm`, the hidden state. A
+step that does not sample from the whole vocabulary does not need it (tts/text_head.py gives
+the few logits it needs from the hidden state), so every call takes ``logits``: when False,
+the graph's eval callback (`cb_eval`) stops the computation once `result_norm` is done —
+ggml's scheduler computes the nodes up to the one the callback asked for and ends the graph
+when the callback answers False (ggml-backend.cpp, `ggml_backend_sched_compute_splits`); the
+KV cache, written by the layers before, is complete, and the logits llama.cpp copies out are
+then stale and not returned.
+
 Several utterances at once (`n_seq` > 1, serve's --max-batch): one KV sequence each, in
 separate KV streams (`kv_unified` off), so a sequence's cache cells, and with them the order
 its attention sums in, do not depend on the others; each of n_ctx positions. `step_many`
@@ -42,7 +52,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from ..errors import InputError, ToolError, UsageError
-from ..native import libllama
+from ..native import libggml, libllama
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +104,15 @@ def _route_logs() -> None:
     _routed.append(libllama.route_log(on_log))
 
 
+# the names the hidden state's node has in llama.cpp's graph: `result_norm`, renamed
+# `result_embd_pooled` by the pooling step when the context outputs embeddings unpooled
+HIDDEN_NODES = (b"result_norm", b"result_embd_pooled")
+
+
+def _node_name(tensor: int) -> bytes:
+    return libggml.load().base.ggml_get_name(tensor) or b""
+
+
 def _last_error() -> str:
     return _recent_errors[-1].strip() if _recent_errors else "no detail from llama.cpp"
 
@@ -111,6 +130,9 @@ class BackboneSettings:
     kv_cache_type_v: str = "f16"
     flash_attn: str = "auto"
     n_seq: int = 1  # sequences decoded together, each with n_ctx positions
+    # llama.cpp's repacked CPU weights ("extra buffer types": Q4_K interleaved 8 rows at a
+    # time on AVX2): faster n-row kernels, but a row's bits then depend on the batch width
+    repack: bool = True
 
 
 class Backbone:
@@ -137,6 +159,7 @@ class Backbone:
 
         mparams = lc.llama_model_default_params()
         mparams.n_gpu_layers = settings.n_gpu_layers
+        mparams.use_extra_bufts = settings.repack
         self._model = lc.llama_model_load_from_file(str(gguf).encode(), mparams)
         if not self._model:
             raise InputError(
@@ -170,6 +193,11 @@ class Backbone:
         cparams.type_v = KV_TYPES[settings.kv_cache_type_v]
         cparams.flash_attn_type = FLASH_ATTN_TYPES[settings.flash_attn]
         cparams.no_perf = True
+        self._full_logits = True  # what the next decode computes (see `_on_node`)
+        self.head_skipped = False  # whether the last decode stopped before the text head
+        self._eval_hook = lc.ggml_backend_sched_eval_callback(self._on_node)
+        cparams.cb_eval = self._eval_hook
+        cparams.cb_eval_user_data = None
         self._ctx = lc.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             raise ToolError(
@@ -194,7 +222,17 @@ class Backbone:
         self._hidden_rows = np.empty((n_seq, self.n_embd), dtype=np.float32)
         self._logit_rows = np.empty((n_seq, self.n_vocab), dtype=np.float32)
         self._past = np.zeros(n_seq, dtype=np.int64)  # positions filled, per sequence
+        self.width = 1  # the rows of the last step_many
         self._embeddings_on = True
+
+    def _on_node(self, tensor: int, ask: bool, _user: int) -> bool:
+        """ggml's eval callback: asked for each node whether we want it (only the hidden
+        state, and only when the text head is not wanted); told when it is computed, our
+        False ends the graph there."""
+        if ask:
+            return not self._full_logits and _node_name(tensor) in HIDDEN_NODES
+        self.head_skipped = not self._full_logits
+        return self._full_logits
 
     # -- state
 
@@ -216,7 +254,8 @@ class Backbone:
             self._lc.llama_set_embeddings(self._ctx, on)
             self._embeddings_on = on
 
-    def _decode(self, rows: np.ndarray, want_output: bool, seq: int = 0) -> None:
+    def _decode(self, rows: np.ndarray, want_output: bool, seq: int = 0,
+                logits: bool = True) -> None:  # fmt: skip
         n = rows.shape[0]
         past = int(self._past[seq])
         if past + n > self.n_ctx:
@@ -232,17 +271,19 @@ class Backbone:
         if want_output:
             self._flags[n - 1] = 1
         self._set_embeddings(want_output)
-        self._run(n)
+        self._run(n, logits and want_output)
         self._past[seq] += n
 
-    def _run(self, n: int) -> None:
+    def _run(self, n: int, logits: bool) -> None:
         self._batch.n_tokens = n
+        self._full_logits = logits
+        self.head_skipped = False
         rc = self._lc.llama_decode(self._ctx, self._batch)
         if rc != 0:
             why = "no free KV-cache slot" if rc == 1 else _last_error()
             raise ToolError(f"llama_decode failed ({rc}): {why}", hint="raise n_ctx or n_batch")
 
-    def _outputs(self) -> tuple[np.ndarray, np.ndarray]:
+    def _outputs(self, want_logits: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
         lc = self._lc
         emb = lc.llama_get_embeddings_ith(self._ctx, -1)
         logits = lc.llama_get_logits_ith(self._ctx, -1)
@@ -251,13 +292,17 @@ class Backbone:
         # copies (0.6 MB on the real vocab, tens of µs): llama.cpp's buffers move on the
         # next decode and vanish with the context
         self._hidden[:] = np.ctypeslib.as_array(emb, shape=(self.n_embd,))
+        if not want_logits:
+            return self._hidden, None
         self._logits[:] = np.ctypeslib.as_array(logits, shape=(self.n_vocab,))
         return self._hidden, self._logits
 
     # -- work
 
-    def prefill(self, embeds: np.ndarray, seq: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """Feed the prompt's (S, n_embd) rows; the outputs of its last row.
+    def prefill(self, embeds: np.ndarray, seq: int = 0,
+                logits: bool = True) -> tuple[np.ndarray, np.ndarray | None]:  # fmt: skip
+        """Feed the prompt's (S, n_embd) rows; the outputs of its last row (its text logits
+        None unless LOGITS: the text head is then not run, on any row of the final chunk).
 
         The returned arrays are reused (overwritten) by the next call."""
         embeds = np.asarray(embeds, dtype=np.float32)
@@ -273,50 +318,67 @@ class Backbone:
         last = (embeds.shape[0] - 1) // self.n_batch * self.n_batch  # final chunk's start
         for start in range(0, last, self.n_batch):
             self._decode(embeds[start : start + self.n_batch], want_output=False, seq=seq)
-        self._decode(embeds[last:], want_output=True, seq=seq)  # every row of it is output
-        return self._outputs()
+        # every row of the final chunk is output
+        self._decode(embeds[last:], want_output=True, seq=seq, logits=logits)
+        self.width = embeds.shape[0] - last
+        return self._outputs(logits)
 
-    def step(self, embed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Feed one (n_embd,) row; its hidden state and text logits (reused buffers)."""
-        self._decode(embed.reshape(1, -1), want_output=True)
-        return self._outputs()
+    def step(self, embed: np.ndarray, logits: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+        """Feed one (n_embd,) row; its hidden state and text logits (None unless LOGITS;
+        reused buffers)."""
+        self._decode(embed.reshape(1, -1), want_output=True, logits=logits)
+        self.width = 1
+        return self._outputs(logits)
 
-    def step_many(self, embeds: np.ndarray, seqs: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """One row per sequence of SEQS (distinct), decoded together, n_seq rows wide; the
-        (len(seqs), n_embd) hidden states and (len(seqs), n_vocab) logits (reused buffers)."""
+    def step_many(self, embeds: np.ndarray, seqs: list[int], logits: bool = True,
+                  fixed: bool = True,
+                  min_width: int = 1) -> tuple[np.ndarray, np.ndarray | None]:  # fmt: skip
+        """One row per sequence of SEQS (distinct), decoded together: n_seq rows wide when
+        FIXED, else as many rows as SEQS but at least MIN_WIDTH (idle sequences' throw-away
+        rows); the (len(seqs), n_embd) hidden states and (len(seqs), n_vocab) logits (None
+        unless LOGITS; reused buffers). `width` is then the rows the batch had."""
         n = len(seqs)
         if self.n_seq == 1:  # the single-sequence path of `step`, bit for bit
-            hidden, logits = self.step(embeds[0])
-            self._hidden_rows[0], self._logit_rows[0] = hidden, logits
+            self.width = 1
+            hidden, text = self.step(embeds[0], logits)
+            self._hidden_rows[0] = hidden
+            if text is None:
+                return self._hidden_rows[:1], None
+            self._logit_rows[0] = text
             return self._hidden_rows[:1], self._logit_rows[:1]
-        width = self.n_seq
-        idle = [s for s in range(width) if s not in seqs]
         if np.any(self._past[list(seqs)] + 1 > self.n_ctx):
             raise InputError(f"a sequence needs more than n_ctx {self.n_ctx} positions",
                              hint="raise n_ctx in the config")  # fmt: skip
-        # row i is sequence i, always: llama.cpp gives other bits for the rows of a batch
-        # whose sequences come out of order (measured on the real dims: up to 0.04 in the
-        # hidden state), so the order must not depend on who is being served
+        # row j holds sequence order[j], in ascending order: llama.cpp gives other bits for
+        # the rows of a batch whose sequences come out of order (measured on the real dims:
+        # up to 0.04 in the hidden state); FIXED: row i is sequence i, always, idle ones
+        # with a throw-away row, so the order never depends on who is being served
+        idle = [s for s in range(self.n_seq) if s not in seqs]
+        pad = idle[: max(0, min(min_width, self.n_seq) - len(seqs))]
+        order = list(range(self.n_seq)) if fixed else sorted([*seqs, *pad])
+        where = {seq: j for j, seq in enumerate(order)}
+        width = self.width = len(order)
         self._embd[:width] = 0.0  # throw-away rows of idle sequences
-        self._embd[list(seqs)] = embeds
-        for seq in range(width):
-            self._batch.seq_id[seq][0] = seq
-            self._pos[seq] = self._past[seq]
+        self._embd[[where[s] for s in seqs]] = embeds
+        for j, seq in enumerate(order):
+            self._batch.seq_id[j][0] = seq
+            self._pos[j] = self._past[seq]
         self._flags[:width] = 1
         self._set_embeddings(True)
-        self._run(width)
+        self._run(width, logits)
         lc = self._lc
         for i, seq in enumerate(seqs):
-            emb = lc.llama_get_embeddings_ith(self._ctx, seq)
-            logits = lc.llama_get_logits_ith(self._ctx, seq)
-            if not emb or not logits:
+            emb = lc.llama_get_embeddings_ith(self._ctx, where[seq])
+            if not emb:
                 raise ToolError(f"llama.cpp returned no output row: {_last_error()}")
             self._hidden_rows[i] = np.ctypeslib.as_array(emb, shape=(self.n_embd,))
-            self._logit_rows[i] = np.ctypeslib.as_array(logits, shape=(self.n_vocab,))
-        for seq in idle:  # the throw-away rows leave nothing behind
+            if logits:
+                text = lc.llama_get_logits_ith(self._ctx, where[seq])
+                self._logit_rows[i] = np.ctypeslib.as_array(text, shape=(self.n_vocab,))
+        for seq in set(order) - set(seqs):  # the throw-away rows leave nothing behind
             lc.llama_memory_seq_rm(self._memory, seq, int(self._past[seq]), -1)
         self._past[list(seqs)] += 1
-        return self._hidden_rows[:n], self._logit_rows[:n]
+        return self._hidden_rows[:n], (self._logit_rows[:n] if logits else None)
 
     def hidden_states(self, embeds: np.ndarray) -> np.ndarray:
         """Final-norm hidden states of every row (S, n_embd), from an empty cache (for checks)."""
@@ -325,7 +387,7 @@ class Backbone:
         out = np.empty_like(embeds)
         for start in range(0, embeds.shape[0], self.n_batch):
             chunk = embeds[start : start + self.n_batch]
-            self._decode(chunk, want_output=True)  # embeddings on: every row is output
+            self._decode(chunk, want_output=True, logits=False)  # every row is output
             for i in range(chunk.shape[0]):
                 ptr = self._lc.llama_get_embeddings_ith(self._ctx, i)
                 out[start + i] = np.ctypeslib.as_array(ptr, shape=(self.n_embd,))

@@ -70,7 +70,7 @@ KNOWN_UPSTREAM_KEYS = frozenset(
 
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
 FLASH_ATTN = ("auto", "enabled", "disabled")
-# auto, numpy, torch: float32 heads (upstream's numerics); ggml-f16: float16 through ggml
+# numpy, torch: float32 heads (upstream's numerics); auto, ggml-f16: float16 through ggml
 HEADS_BACKENDS = ("auto", "numpy", "torch", "ggml-f16", "ggml")
 
 # docs/ARCHITECTURE.md §2 defaults, used only when no config beside the tables says otherwise

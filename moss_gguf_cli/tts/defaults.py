@@ -3,8 +3,9 @@
 ``layout`` writes these into each ``moss-tts.yaml``; ``tts.config.SynthConfig`` takes them as
 its defaults; ``configs/llama_cpp/default.yaml`` holds the same values (a test keeps the three
 in step). They are upstream's ``configs/llama_cpp/default.yaml`` values, so a folder made here
-behaves like upstream's backend: float32 audio heads, flash attention where llama.cpp
-supports it, 3072 new tokens (about four minutes of audio), four threads.
+behaves like upstream's backend, but for float16 audio heads (docs/memory-floor.md): flash
+attention where llama.cpp supports it, 3072 new tokens (about four minutes of audio), four
+threads.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 SYNTH_DEFAULTS: dict[str, Any] = {
     "audio_backend": "onnx",
-    "heads_backend": "auto",  # float32 heads, as upstream; ggml-f16 is the faster opt-in
+    "heads_backend": "auto",  # float16 heads in ggml (docs/memory-floor.md); numpy: float32
     "n_ctx": 4096,
     "n_batch": 512,
     "n_threads": 4,

@@ -10,7 +10,7 @@ time_step).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -57,13 +57,19 @@ class DelayState:
     time_step: int = 0
 
 
+NO_TEXT_IDS = np.empty(0, dtype=np.int64)
+
+
 @dataclass(frozen=True)
 class StepPlan:
-    """What the next step needs: a forced text id or a sampling mode, and which codebooks."""
+    """What the next step needs: a forced text id or a sampling mode, which codebooks, and
+    which text logits (`text_ids`: the ids whose logits `choose_text` takes, in that order;
+    empty when the text id needs none; None for the whole vocabulary)."""
 
     forced_text: int | None
     audio_start: int  # codebooks [audio_start, audio_stop) are sampled
     audio_stop: int
+    text_ids: np.ndarray | None = field(compare=False)
 
     @property
     def needs_audio(self) -> bool:
@@ -94,6 +100,10 @@ class DelayMachine:
         audio = prompt_rows[:, 1:]
         for k in range(self.n_vq):
             self.seen[k, np.unique(audio[:, k])] = True
+        self._audio_ids = np.array(
+            [info.audio_assistant_gen_slot_token_id, info.audio_assistant_delay_slot_token_id],
+            dtype=np.int64,
+        )
         self._banned_outside = np.array(
             [
                 info.pad_token_id,
@@ -117,24 +127,30 @@ class DelayMachine:
             forced = self.info.audio_end_token_id
         start = 0 if st.delayed_length is None else st.delayed_length
         stop = min(st.audio_length, self.n_vq)
-        return StepPlan(forced, start, max(start, stop))
+        return StepPlan(forced, start, max(start, stop), self._text_ids(forced))
+
+    def _text_ids(self, forced: int | None) -> np.ndarray | None:
+        """Which text logits the step reads: none when the id is forced, or when inside
+        audio at step 0 (the gen slot is the one candidate left); the gen and delay slots
+        inside audio (upstream's `_AUDIO_ALLOWED_IDS`); else the whole vocabulary."""
+        if forced is not None or (self.state.is_audio and self.state.time_step == 0):
+            return NO_TEXT_IDS
+        return self._audio_ids if self.state.is_audio else None
 
     def choose_text(self, logits: np.ndarray, sampler: Sampler, plan: StepPlan) -> int:
-        """The text id of this step; `logits` may be a view of the backbone's buffer."""
+        """The text id of this step from the logits of `plan.text_ids` (the whole
+        vocabulary when None); `logits` may be a view of the backbone's buffer."""
         if plan.forced_text is not None:
             return plan.forced_text
         info, st = self.info, self.state
-        gen, delay = (
-            info.audio_assistant_gen_slot_token_id,
-            info.audio_assistant_delay_slot_token_id,
-        )
+        gen, delay = self._audio_ids
         if st.is_audio:
             # inside audio only gen-slot / delay-slot are allowed: sampling over these
             # two values equals sampling the full vector with everything else at -inf
             if st.time_step == 0:
                 return gen  # delay-slot is forbidden at step 0: one candidate left
-            pair = np.array([logits[gen], logits[delay]], dtype=np.float32)
-            return (gen, delay)[sampler.text(pair)]
+            pair = np.array(logits[:2], dtype=np.float32)  # the logits of (gen, delay)
+            return (int(gen), int(delay))[sampler.text(pair)]
         masked = np.array(logits, dtype=np.float32, copy=True)
         masked[self._banned_outside] = -np.inf
         if st.time_step == 0:
@@ -186,9 +202,12 @@ class DelayMachine:
         audio_logits: Callable[[int, int], np.ndarray] | np.ndarray,
         sampler: Sampler,
     ) -> np.ndarray:
-        """One whole step. `audio_logits(start, stop)` gives those codebooks' logits
+        """One whole step from the whole vocabulary's TEXT_LOGITS. `audio_logits(start, stop)`
+        gives those codebooks' logits
         (or pass the full (n_vq, V) array); it is only called when codes are sampled."""
         plan = self.plan()
+        if plan.text_ids is not None:
+            text_logits = text_logits[plan.text_ids]
         text = self.choose_text(text_logits, sampler, plan)
         codes = None
         if plan.needs_audio:

@@ -10,9 +10,17 @@ samples codes in one matrix product, each utterance takes its row (`on_row`; its
 reporter may stop it: a client gone), then the rows of those going on are summed into
 embeddings and decoded in one llama_batch (Backbone.step_many). Failure is per row
 (docs/ARCHITECTURE.md §10): a step never raises; whoever failed ends with `error` set.
-With max_batch 1 this is the single-utterance loop of `synth`, bit for bit. With more,
-every product is max_batch rows wide whoever is being served (backbone.py, heads.py say
-why), so an utterance's greedy audio does not depend on the others.
+With max_batch 1 this is the single-utterance loop of `synth`, bit for bit. With more, the
+width policy (`EngineSettings`) says how wide a step is: "served", as wide as the rows being
+served, so a lone utterance pays nothing for the width the server could use; "identical",
+the same but never 1 row and llama.cpp's weights not repacked, so an utterance's greedy audio
+does not depend on the others; "fixed", every product max_batch rows wide whoever is being
+served (backbone.py, heads.py say why).
+
+What a step reads (ARCHITECTURE.md §10): before the decode, each utterance's next plan says
+which text ids it may pick (`StepPlan.text_ids`). Only when some row needs the whole
+vocabulary does llama.cpp run its text head; otherwise the backbone stops at the hidden
+state and `TextHead` (tts/text_head.py) gives the logits of those ids alone.
 """
 
 from __future__ import annotations
@@ -33,6 +41,36 @@ from .embeddings import EmbeddingTables
 from .heads import AudioHeads
 from .prompt import Prompt
 from .sampling import Sampler
+from .text_head import TextHead
+
+WIDTHS = ("served", "identical", "fixed")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How the engine steps (chosen in `Synthesizer`, ARCHITECTURE.md §10).
+
+    width, the batch's width policy:
+      "served" (default): each step as wide as the utterances being served, llama.cpp's
+        repacked weights: a lone utterance runs the 1-row kernels, as fast as on a 1-wide
+        engine; an utterance's bits may depend on the batch around it (other kernels for
+        n rows), so batched greedy audio can differ from the same request alone.
+      "identical": as wide as served, the weights not repacked (their kernels give a row
+        the same bits at any width: benchmarks/floor_width.py measures the cost), so
+        greedy audio is the same alone or batched.
+      "fixed": every step max_batch rows wide whoever is served (the way before): the same
+        bits alone or batched, a lone utterance paying for the width.
+    heads: the audio heads' backend (tts/heads.py); None: the config's heads_backend.
+    text_head: False makes llama.cpp run its whole text head every step (the way before
+    tts/text_head.py; for checks)."""
+
+    width: str = "served"
+    heads: str | None = None
+    text_head: bool = True
+
+    @property
+    def repack(self) -> bool:
+        return self.width != "identical"
 
 
 @dataclass
@@ -98,7 +136,8 @@ class Utterance:
         self.machine: DelayMachine | None = None  # made on joining
         self.seq = -1
         self.hidden = np.empty(0, dtype=np.float32)
-        self.logits = np.empty(0, dtype=np.float32)
+        self.plan: StepPlan | None = None  # the next step's, known before its decode
+        self.logits = np.empty(0, dtype=np.float32)  # of plan.text_ids
         self.count = 0
         self.frames = 0
         self.finished = False
@@ -113,9 +152,21 @@ class Utterance:
 
 class Engine:
     def __init__(self, backbone: Backbone, embeddings: EmbeddingTables, heads: AudioHeads,
-                 info: ModelInfo, max_batch: int = 1):  # fmt: skip
+                 info: ModelInfo, max_batch: int = 1, text_head: TextHead | None = None,
+                 settings: EngineSettings | None = None):  # fmt: skip
         self.backbone, self.embeddings, self.heads, self.info = backbone, embeddings, heads, info
+        self.settings = settings or EngineSettings()
+        if self.settings.width not in WIDTHS:
+            raise ValueError(f"width must be one of {', '.join(WIDTHS)}")
+        self.text_head = text_head if self.settings.text_head else None
         self.width = max_batch
+        width = self.settings.width
+        self.fixed = width == "fixed" and max_batch > 1
+        # "identical": never 1 row (the kernels for one row sum in other orders than those
+        # for several, for F16/Q8_0 weights and heads); NumPy's heads only at a fixed width
+        self.min_rows = 2 if width == "identical" and max_batch > 1 else 1
+        self.heads_width = max_batch if self.fixed or (
+            width == "identical" and heads.backend == "numpy") else 0  # fmt: skip
         self.free = list(range(max_batch))
         self.active: list[Utterance] = []
         # monotonic time of the last finished step or prefill: a watchdog tells a long step
@@ -131,13 +182,16 @@ class Engine:
         try:
             self.backbone.reset(u.seq)
             u.machine = DelayMachine(self.info, u.run.prompt.rows)
+            u.plan = u.machine.plan()
             t0 = time.perf_counter()
             hidden, logits = self.backbone.prefill(
-                self.embeddings.sum_rows(u.run.prompt.rows), seq=u.seq
-            )
+                self.embeddings.sum_rows(u.run.prompt.rows), seq=u.seq,
+                logits=self._whole_vocabulary([u.plan]),
+            )  # fmt: skip
+            u.hidden = hidden.copy()
+            self._take_text([u], hidden[None], None if logits is None else logits[None])
             profile.prefill_s = time.perf_counter() - t0
             self.last_progress = time.monotonic()
-            u.hidden, u.logits = hidden.copy(), logits.copy()
         except BaseException:
             self._release(u)
             raise
@@ -203,7 +257,7 @@ class Engine:
         texts: list[int | None] = []
         for u in batch:
             try:
-                plan = u.machine.plan()
+                plan = u.plan  # made before the decode: it said which text logits to make
                 text = u.machine.choose_text(u.logits, u.run.sampler, plan)
             except Exception as exc:  # noqa: BLE001 - this utterance's own failure
                 u.error, plan, text = exc, None, None
@@ -215,7 +269,8 @@ class Engine:
         if sampling:
             try:
                 hidden = np.stack([batch[i].hidden for i in sampling])
-                logits = self.heads.logits_rows(hidden, self.width)
+                width = self.heads_width or max(self.min_rows, len(sampling))
+                logits = self.heads.logits_rows(hidden, width)
             except Exception as exc:  # noqa: BLE001 - shared: every row that needed them
                 for i in sampling:
                     batch[i].error = exc
@@ -244,19 +299,54 @@ class Engine:
             embeds = np.empty((len(going), self.embeddings.hidden), dtype=np.float32)
             for i, (_u, row) in enumerate(going):
                 self.embeddings.sum_row(row, embeds[i])
+            for u, _row in going:
+                u.plan = u.machine.plan()
             t1 = time.perf_counter()
             fail("decode")  # a test's injected failure of the shared decode
-            hidden, logits = self.backbone.step_many(embeds, [u.seq for u, _ in going])
+            hidden, logits = self.backbone.step_many(
+                embeds, [u.seq for u, _ in going], logits=self._whole_vocabulary(
+                    [u.plan for u, _ in going]), fixed=self.fixed, min_width=self.min_rows,
+            )  # fmt: skip
+            t2 = time.perf_counter()
+            users = [u for u, _ in going]
+            for i, u in enumerate(users):
+                u.hidden = hidden[i].copy()
+            self._take_text(users, hidden, logits)
         except Exception as exc:  # noqa: BLE001 - every utterance of the batch fails with it
             for u, _ in going:
                 self.leave(u, exc)
             return [u for u, _ in going]
-        t2 = time.perf_counter()
-        for i, (u, _row) in enumerate(going):
-            u.hidden, u.logits = hidden[i].copy(), logits[i].copy()
+        t3 = time.perf_counter()
+        for u in users:
             u.run.profile.embed_s += t1 - t0
             u.run.profile.backbone_s += t2 - t1
+            u.run.profile.heads_s += t3 - t2
         return []
+
+    def _whole_vocabulary(self, plans: list[StepPlan]) -> bool:
+        """Whether llama.cpp must run its text head for this decode."""
+        return self.text_head is None or any(p.text_ids is None for p in plans)
+
+    def _take_text(self, users: list[Utterance], hidden: np.ndarray,
+                   logits: np.ndarray | None) -> None:  # fmt: skip
+        """Each utterance's text logits of its plan's ids: from llama.cpp's whole head when
+        it ran, else from the text head's product over the union of the ids asked for."""
+        if logits is not None:
+            for i, u in enumerate(users):
+                ids = u.plan.text_ids
+                u.logits = logits[i].copy() if ids is None else logits[i][ids]
+            return
+        assert self.text_head is not None
+        wanted = [i for i, u in enumerate(users) if u.plan.text_ids.size]
+        for u in users:
+            u.logits = np.empty(0, dtype=np.float32)
+        if not wanted:
+            return
+        ids = np.unique(np.concatenate([users[i].plan.text_ids for i in wanted]))
+        # as wide as the batch llama.cpp decoded: its head would have been that wide
+        product = self.text_head.logits(hidden[wanted], ids, width=self.backbone.width)
+        for row, i in enumerate(wanted):
+            users[i].logits = product[row, np.searchsorted(ids, users[i].plan.text_ids)]
 
     def _end(self, u: Utterance) -> None:
         u.finished = True

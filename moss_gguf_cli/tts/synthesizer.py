@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -36,7 +36,7 @@ from .codec import (
 from .config import SAMPLING_KEYS, ModelInfo, SynthConfig, find_model_info
 from .delay import generated_segments
 from .embeddings import EmbeddingTables
-from .engine import Engine, Run, SynthProfile
+from .engine import Engine, EngineSettings, Run, SynthProfile
 from .heads import AudioHeads
 from .language import language_name
 from .normalize import normalize_text
@@ -61,6 +61,7 @@ from .streaming import (
     probe_receptive_field,
     wav_header,
 )
+from .text_head import TextHead
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +112,14 @@ class SynthResult:
 class Synthesizer:
     """Loads the weights once; `generate` as often as wanted. Close it (or use `with`)."""
 
-    def __init__(self, config: SynthConfig, max_batch: int = 1):
+    def __init__(self, config: SynthConfig, max_batch: int = 1,
+                 settings: EngineSettings | None = None):  # fmt: skip
+        """SETTINGS: how the engine steps (tts/engine.py `EngineSettings`: the batch's
+        width policy, the audio heads' backend, the text head of the ids a step needs)."""
         config.check_files()
+        settings = settings or EngineSettings()
+        if settings.heads is None:
+            settings = replace(settings, heads=config.heads_backend)
         self.config = config
         self.info: ModelInfo = find_model_info(config)
         self.info.refuse_unsupported()
@@ -124,11 +131,13 @@ class Synthesizer:
             info.n_vq,
             info.audio_rows,
             info.audio_pad_code,
-            backend=config.heads_backend,
+            backend=settings.heads,
             n_threads=config.n_threads,
+            max_width=max_batch,
         )
         self.backbone: Backbone | None = None
         self.codec: AudioCodec | None = None
+        self.text_head: TextHead | None = None
         try:
             if self.heads.hidden != self.embeddings.hidden:
                 raise InputError(
@@ -154,8 +163,10 @@ class Synthesizer:
                     kv_cache_type_v=config.kv_cache_type_v,
                     flash_attn=config.flash_attn,
                     n_seq=max_batch,
+                    repack=settings.repack,
                 ),
             )
+            self.text_head = TextHead(config.backbone_gguf) if settings.text_head else None
             if self.backbone.n_embd != self.embeddings.hidden:
                 raise InputError(
                     f"the backbone's hidden size {self.backbone.n_embd} differs from the "
@@ -169,7 +180,8 @@ class Synthesizer:
         self.last_profile: SynthProfile | None = None
         self.last_result: SynthResult | None = None
         self._reach: ReceptiveField | None = None
-        self.engine = Engine(self.backbone, self.embeddings, self.heads, self.info, max_batch)
+        self.engine = Engine(self.backbone, self.embeddings, self.heads, self.info, max_batch,
+                             self.text_head, settings)  # fmt: skip
 
     # -- lifetime
 
