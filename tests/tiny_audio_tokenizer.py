@@ -19,13 +19,23 @@ from safetensors.torch import save_file
 from moss_gguf_cli.source.audio_tokenizer_checkpoint import expected_shapes
 
 
-def transformer(n_in: int, n_out: int, d: int, heads: int, layers: int, *,
-                layer_scale: float | None = 0.01) -> dict[str, Any]:
+def transformer(
+    n_in: int, n_out: int, d: int, heads: int, layers: int, *, layer_scale: float | None = 0.01
+) -> dict[str, Any]:
     m = {
-        "causal": True, "conv_layout": True, "d_model": d, "dim_feedforward": 4 * d,
-        "gating": "none", "input_dimension": n_in, "max_period": 10000,
-        "module_type": "Transformer", "norm": "layer_norm", "num_heads": heads,
-        "num_layers": layers, "output_dimension": n_out, "positional_embedding": "rope",
+        "causal": True,
+        "conv_layout": True,
+        "d_model": d,
+        "dim_feedforward": 4 * d,
+        "gating": "none",
+        "input_dimension": n_in,
+        "max_period": 10000,
+        "module_type": "Transformer",
+        "norm": "layer_norm",
+        "num_heads": heads,
+        "num_layers": layers,
+        "output_dimension": n_out,
+        "positional_embedding": "rope",
     }
     if layer_scale is not None:
         m["layer_scale"] = layer_scale
@@ -72,8 +82,15 @@ class CodecSpec:
 REAL_LIKE = CodecSpec(
     encoder=[patch(8), transformer(8, 12, 16, 2, 2), patch(2), transformer(24, 16, 16, 2, 1)],
     decoder=[transformer(16, 24, 16, 2, 1), patch(2), transformer(12, 8, 16, 2, 2), patch(8)],
-    quantizer={"codebook_dim": 4, "codebook_size": 16, "input_dim": 16, "num_quantizers": 3,
-               "output_dim": 16, "quantizer_type": "rlfq", "rvq_dim": 12},
+    quantizer={
+        "codebook_dim": 4,
+        "codebook_size": 16,
+        "input_dim": 16,
+        "num_quantizers": 3,
+        "output_dim": 16,
+        "quantizer_type": "rlfq",
+        "rvq_dim": 12,
+    },
     downsample_rate=16,
 )
 # Another module list: one transformer a side, no layer scale, a transformer first in the
@@ -81,8 +98,15 @@ REAL_LIKE = CodecSpec(
 ODD = CodecSpec(
     encoder=[transformer(6, 10, 6, 3, 1, layer_scale=None), patch(3)],
     decoder=[patch(3), transformer(10, 6, 20, 4, 1, layer_scale=None)],
-    quantizer={"codebook_dim": 3, "codebook_size": 8, "input_dim": 30, "num_quantizers": 2,
-               "output_dim": 30, "quantizer_type": "rlfq", "rvq_dim": 14},
+    quantizer={
+        "codebook_dim": 3,
+        "codebook_size": 8,
+        "input_dim": 30,
+        "num_quantizers": 2,
+        "output_dim": 30,
+        "quantizer_type": "rlfq",
+        "rvq_dim": 14,
+    },
     sampling_rate=16000,
     downsample_rate=3,
     context_seconds=2.5,

@@ -45,9 +45,19 @@ DEFAULT_CONTEXT_SECONDS = 10.0
 REQUIRED_KEYS = ("sampling_rate", "downsample_rate", "quantizer.num_quantizers")
 # Transformer module keys written when the config has them, in the converter's order
 MODULE_KEYS = (
-    "input_dimension", "output_dimension", "d_model", "num_heads", "num_layers",
-    "dim_feedforward", "causal", "norm", "positional_embedding", "max_period",
-    "layer_scale", "conv_layout", "gating",
+    "input_dimension",
+    "output_dimension",
+    "d_model",
+    "num_heads",
+    "num_layers",
+    "dim_feedforward",
+    "causal",
+    "norm",
+    "positional_embedding",
+    "max_period",
+    "layer_scale",
+    "conv_layout",
+    "gating",
 )
 # a Transformer layer's tensors: upstream name → the fork's
 LAYER_NAMES = {
@@ -143,8 +153,9 @@ def _common_keys(arch: str, config: dict[str, Any]) -> list[tuple[str, Any, VT]]
     seconds = float(config.get("causal_transformer_context_duration", DEFAULT_CONTEXT_SECONDS))
     keys = [(f"{arch}.{k}", int(v), VT.UINT32) for k, v in u32]
     keys.append((f"{arch}.causal_transformer_context_duration", seconds, VT.FLOAT32))
-    keys.append((f"{arch}.code_dim", int(config.get("code_dim", q.get("output_dim", 0))),
-                 VT.UINT32))
+    keys.append(
+        (f"{arch}.code_dim", int(config.get("code_dim", q.get("output_dim", 0))), VT.UINT32)
+    )
     keys.append((f"{arch}.quantizer_type", kind, VT.STRING))
     dims = [
         ("input_dim", q["input_dim"]),
@@ -218,8 +229,11 @@ def in_part(base: str, part: str) -> bool:
     own = "quantizer.input_proj." if part == "encoder" else "quantizer.output_proj."
     if base.startswith(own):
         return True
-    inner = (".in_proj.", ".out_proj.", ".codebook.") if part == "encoder" else (
-        ".out_proj.", ".codebook.")
+    inner = (
+        (".in_proj.", ".out_proj.", ".codebook.")
+        if part == "encoder"
+        else (".out_proj.", ".codebook.")
+    )
     return base.startswith("quantizer.quantizers.") and any(s in base for s in inner)
 
 
@@ -230,8 +244,11 @@ def _tensor(ck: CodecCheckpoint, name: str, out: str, outtype: str) -> CodecTens
     if G in name:
         v = name.replace(G, V)
         if v not in ck.tensors:
-            raise InputError(f"tensor {v} is missing", path=ck.root,
-                             hint="a weight-normed convolution needs both g and v")
+            raise InputError(
+                f"tensor {v} is missing",
+                path=ck.root,
+                hint="a weight-normed convolution needs both g and v",
+            )
         sources, shape = (name, v), ck.tensors[v].shape
     if ref.dtype not in ("F32", "F16", "BF16", "F64"):
         raise InputError(f"tensor {name} is {ref.dtype}, not a float", path=ref.path)
@@ -239,8 +256,9 @@ def _tensor(ck: CodecCheckpoint, name: str, out: str, outtype: str) -> CodecTens
     return CodecTensor(out, sources, tuple(shape), qtype)
 
 
-def plan_codecs(ck: CodecCheckpoint, outtype: str, name: str | None = None
-                ) -> tuple[CodecPlan, CodecPlan]:
+def plan_codecs(
+    ck: CodecCheckpoint, outtype: str, name: str | None = None
+) -> tuple[CodecPlan, CodecPlan]:
     """The encoder's and the decoder's GGUF for checkpoint CK; no tensor data is read."""
     outtype = parse_outtype(outtype)
     stem = name or ck.name
@@ -277,8 +295,9 @@ def tensor_data(ck: CodecCheckpoint, t: CodecTensor) -> np.ndarray:
     return np.ascontiguousarray(data.astype(dtype, copy=False))
 
 
-def stream(ck: CodecCheckpoint, plans: tuple[CodecPlan, ...],
-           progress: ProgressReporter | None = None) -> Iterator[tuple[int, np.ndarray]]:
+def stream(
+    ck: CodecCheckpoint, plans: tuple[CodecPlan, ...], progress: ProgressReporter | None = None
+) -> Iterator[tuple[int, np.ndarray]]:
     """(plan position, data) for every tensor of every plan, in checkpoint order: a tensor
     two plans share is computed once and handed to each."""
     by_source: dict[str, list[tuple[int, CodecTensor]]] = {}

@@ -52,14 +52,19 @@ def open_codec_source(
         listing = list_files(text, revision, cache_dir)
         snapshot = download(text, HUB_PATTERNS, revision, cache_dir, progress)
     except InputError as exc:
-        raise InputError(f"audio tokenizer checkpoint {text}: {exc.message}",
-                         hint=exc.hint) from exc
+        raise InputError(
+            f"audio tokenizer checkpoint {text}: {exc.message}", hint=exc.hint
+        ) from exc
     ck = open_codec_checkpoint(snapshot, name=text.rstrip("/").split("/")[-1])
     if listing is not None:
         rels = ["config.json", *(s.relative_to(snapshot).as_posix() for s in ck.shards)]
         index = snapshot / "model.safetensors.index.json"
-        check_files(listing, snapshot, rels + (["model.safetensors.index.json"]
-                                               if index.is_file() else []), progress)
+        check_files(
+            listing,
+            snapshot,
+            rels + (["model.safetensors.index.json"] if index.is_file() else []),
+            progress,
+        )
     return ck
 
 
@@ -72,9 +77,11 @@ def write_codecs(
     progress: ProgressReporter | None = None,
 ) -> int:
     """Write both plans to TARGETS in one pass; bytes written. Nothing is left on failure."""
-    with Staging(targets[0], force=force, kind="file") as s0, \
-            Staging(targets[1], force=force, kind="file") as s1:
-        writers = [plan.writer(s.path) for plan, s in zip(plans, (s0, s1))]
+    with (
+        Staging(targets[0], force=force, kind="file") as s0,
+        Staging(targets[1], force=force, kind="file") as s1,
+    ):
+        writers = [plan.writer(s.path) for plan, s in zip(plans, (s0, s1), strict=True)]
         try:
             for w in writers:
                 w.write_header_to_file()
@@ -108,8 +115,11 @@ def convert_codec(
     stem = name or ck.name
     outdir = Path(outdir)
     if outdir.exists() and not outdir.is_dir():
-        raise InputError("-o names a file; this format writes two files into a folder",
-                         path=outdir, hint="give a folder")
+        raise InputError(
+            "-o names a file; this format writes two files into a folder",
+            path=outdir,
+            hint="give a folder",
+        )
     targets = (outdir / enc.file_name(stem), outdir / dec.file_name(stem))
     written = write_codecs(ck, (enc, dec), targets, force=force, progress=progress)
     sources = {s for p in (enc, dec) for t in p.tensors for s in t.sources}

@@ -1,4 +1,4 @@
-"""The PyTorch MOSS Audio Tokenizer checkpoint (OpenMOSS-Team/MOSS-Audio-Tokenizer): config, tensors.
+"""The PyTorch MOSS Audio Tokenizer checkpoint (OpenMOSS-Team/MOSS-Audio-Tokenizer).
 
 The codec that turns audio codes into 24 kHz audio, as its Hugging Face repo stores it:
 ``config.json`` (``encoder_kwargs`` / ``decoder_kwargs``: lists of ``Transformer`` and
@@ -106,8 +106,9 @@ def _check_module(module: dict[str, Any], where: str, path: Path) -> None:
                 path=path,
             )
     if module.get("weights_per_step") or module.get("weights_per_step_schedule"):
-        raise UnsupportedModelError(f"{where} has weights_per_step, which the fork refuses",
-                                    path=path)
+        raise UnsupportedModelError(
+            f"{where} has weights_per_step, which the fork refuses", path=path
+        )
     for key, value in module.items():
         if not isinstance(value, (str, bool, int, float)):
             raise UnsupportedModelError(
