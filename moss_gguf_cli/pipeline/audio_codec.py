@@ -133,3 +133,72 @@ def convert_codec(
         bytes_read=read,
         seconds=time.monotonic() - start,
     )
+
+
+# ----------------------------------------------------------- in the first-class folder
+
+NATIVE_FLAG = "--pytorch-audio-tokenizer"
+NATIVE_OUTTYPE = "f16"  # the fork converter's default, and what its docs run
+MANIFEST_KEY = "native_audio_codec"
+
+
+@dataclass
+class NativeCodec:
+    """The codec GGUFs a first-class folder gets: the checkpoint, opened and planned."""
+
+    spec: str
+    ck: CodecCheckpoint
+    plans: tuple[CodecPlan, CodecPlan]
+
+    @property
+    def names(self) -> tuple[str, str]:
+        return (self.plans[0].file_name(self.ck.name), self.plans[1].file_name(self.ck.name))
+
+
+def prepare_native(
+    spec: str,
+    *,
+    revision: str | None = None,
+    cache_dir: Path | None = None,
+    progress: ProgressReporter | None = None,
+) -> NativeCodec:
+    """SPEC (a folder or repo id) opened and checked, both files planned: before any work."""
+    ck = open_codec_source(spec, revision=revision, cache_dir=cache_dir, progress=progress)
+    return NativeCodec(str(spec), ck, plan_codecs(ck, NATIVE_OUTTYPE))
+
+
+def write_native(native: NativeCodec, folder: Path, progress: ProgressReporter | None) -> None:
+    targets = (folder / native.names[0], folder / native.names[1])
+    write_codecs(native.ck, native.plans, targets, progress=progress)
+
+
+def native_manifest(native: NativeCodec) -> dict:
+    """The manifest's record of the two files (verify checks them by it)."""
+    return {
+        "source": native.spec,
+        "outtype": NATIVE_OUTTYPE,
+        "encoder": native.names[0],
+        "decoder": native.names[1],
+    }
+
+
+def native_readme(model: str, names: tuple[str, str]) -> str:
+    """The README section: the fork's native runtime, all three models in llama.cpp."""
+    enc, dec = names
+    return f"""
+## The native path: three GGUFs, no ONNX
+
+`{enc}` and `{dec}` are the audio tokenizer as the fork's own runtime loads it
+(architectures `moss-tts-audio-encoder` / `moss-tts-audio-decoder`, byte for byte what its
+`convert_moss_audio_tokenizer_split_to_gguf.py` writes):
+
+    build/bin/llama-moss-tts -m {model} \\
+        --audio-decoder-model {dec} \\
+        --text "Hello, world!" --wav-out hello.wav
+
+Voice cloning adds the encoder and a 24 kHz mono reference:
+
+    build/bin/llama-moss-tts -m {model} \\
+        --audio-encoder-model {enc} --audio-decoder-model {dec} \\
+        --text "Hello, world!" --reference-audio reference_24k.wav --wav-out hello.wav
+"""

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import __version__
 from ..disk.layout_names import EMBEDDING_DIR, LM_HEAD_DIR, META_NAME, TOKENIZER_DIR
-from ..errors import InputError, UsageError
+from ..errors import UsageError
 from ..gguf.file_types import file_type_table, parse_file_type
 from ..gguf.first_class import ARCH_NAME, AUDIO_EMBD
 from ..gguf.first_class_read import (
