@@ -245,3 +245,19 @@ def test_a_hub_repo_is_named_by_the_repo_not_the_snapshot(codecs, tmp_path: Path
     assert files == [f"MOSS-Audio-Tokenizer-{p}-f16.gguf" for p in ("decoder", "encoder")]
     keys, _ = read(out / files[1])
     assert keys["general.name"] == "MOSS-Audio-Tokenizer Encoder"
+
+
+@pytest.mark.parametrize("kind", ["real", "odd"])
+def test_sizes_from_the_config_are_the_files(codecs, kind: str, tmp_path: Path) -> None:
+    """The figures docs/audio-codec.md gives for the real tokenizer come from part_sizes."""
+    from moss_gguf_cli.gguf.codec import part_sizes
+
+    sizes = part_sizes(SPECS[kind].config())
+    for outtype in ("f16", "f32"):
+        r = convert_codec(codecs[kind], tmp_path / outtype, outtype)
+        for part, path in (("encoder", r.encoder), ("decoder", r.decoder)):
+            tensors = gguf.GGUFReader(path).tensors
+            assert len(tensors) == sizes[part].tensors
+            assert sum(int(t.n_elements) for t in tensors) == sizes[part].params
+            want = sizes[part].f16_bytes if outtype == "f16" else sizes[part].f32_bytes
+            assert sum(int(t.n_bytes) for t in tensors) == want

@@ -315,3 +315,37 @@ def stream(
             yield i, data
             bar.advance("codec")
     bar.finish("codec")
+
+
+@dataclass(frozen=True)
+class PartSize:
+    """What one codec GGUF holds, from the config alone: tensors, parameters, data bytes."""
+
+    tensors: int
+    params: int
+    f16_bytes: int  # tensor data at f16 (1-D tensors stay f32)
+    f32_bytes: int
+
+
+def part_sizes(config: dict[str, Any]) -> dict[str, PartSize]:
+    """The encoder's and the decoder's file sizes (tensor data, no header) for a config: the
+    tensors upstream's model has for it, selected and typed as the converter does."""
+    from ..source.audio_tokenizer_checkpoint import expected_shapes
+
+    shapes = expected_shapes(config)
+    blocks = {part: _blocks(config[f"{part}_kwargs"]) for part in ARCHES}
+    out = {}
+    for part in ARCHES:
+        sizes = [
+            shapes.get(src.replace(G, V), shape)
+            for src, shape in shapes.items()
+            if gguf_name(src, blocks) is not None and in_part(src.replace(G, ".weight"), part)
+        ]
+        counts = [int(np.prod(s)) for s in sizes]
+        out[part] = PartSize(
+            tensors=len(sizes),
+            params=sum(counts),
+            f16_bytes=sum(n * (2 if len(s) > 1 else 4) for n, s in zip(counts, sizes, strict=True)),
+            f32_bytes=4 * sum(counts),
+        )
+    return out
