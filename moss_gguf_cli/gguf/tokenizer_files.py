@@ -26,12 +26,21 @@ HOW = "rebuilt from the GGUF's tokenizer.ggml.* keys (transformers' Qwen2Tokeniz
 
 def write_tokenizer_files(gguf_path: Path, folder: Path) -> list[Path]:
     """tokenizer.json and tokenizer_config.json in FOLDER, from GGUF_PATH's tokenizer keys."""
-    from transformers.integrations.gguf import get_gguf_tokenizer
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
-        add_gguf_special_tokens,
-        get_merges,
-    )
-    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+    try:
+        from transformers.integrations.gguf import get_gguf_tokenizer
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+            add_gguf_special_tokens,
+            get_merges,
+        )
+        from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+    except ImportError as exc:
+        raise InputError(
+            f"no tokenizer/ beside it, and rebuilding one from its keys needs transformers "
+            f"5.25 or later ({exc})",
+            path=gguf_path,
+            hint="pip install 'moss-gguf[gguf-tokenizer]', or put the checkpoint's tokenizer "
+            "files in tokenizer/ beside it",
+        ) from exc
 
     _, keys, config = get_gguf_tokenizer(str(gguf_path))
     kind, pre = keys.get("tokenizer_type"), keys.get("pre_tokenizer_type")
