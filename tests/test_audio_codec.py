@@ -14,7 +14,7 @@ writes (REAL_LIKE into a folder named MOSS-Audio-Tokenizer-tiny, ODD into codec-
   command:   python convert_moss_audio_tokenizer_split_to_gguf.py MODEL --outtype f16|f32
              --encoder-outfile MODEL_NAME-encoder-TYPE.gguf
              --decoder-outfile MODEL_NAME-decoder-TYPE.gguf
-             (numpy 2, torch 2.13.0 for writing the checkpoints, safetensors 0.7)
+             (numpy 2.4.6; the checkpoints written with torch 2.13.0 and safetensors 0.8.0)
 
 The fork's converter needs the index: on one model.safetensors its header reader keeps a
 "__data_start__" entry that its tensor loop then reads as a tensor (TypeError). Ours reads a
