@@ -4,11 +4,12 @@ CI cannot run the fork's converter (its gguf-py and script are not installed her
 outputs are held as sha256 values, made from the checkpoints tests/tiny_audio_tokenizer.py
 writes (REAL_LIKE into a folder named MOSS-Audio-Tokenizer-tiny, ODD into codec-odd):
 
-  converter: convert_moss_audio_tokenizer_split_to_gguf.py (sha256 70d31a89eb83cd13...45a5a,
-             14855 bytes) with its helpers convert_moss_audio_tokenizer_to_gguf.py (sha256
-             2087fa2daa5fb93c...57c4, 18220 bytes): OpenMOSS's llama.cpp fork, branch
-             moss-tts-firstclass, as held by the public code index (find
-             "convert_moss_audio_tokenizer_split_to_gguf"), saved side by side
+  converter: convert_moss_audio_tokenizer_split_to_gguf.py (14855 bytes, sha256
+             70d31a89eb83cd13923821fa4ecf9f7bef96e44b1ad9404fe2cfa313d3c45a5a) with its
+             helpers convert_moss_audio_tokenizer_to_gguf.py (18220 bytes, sha256
+             2087fa2daa5fb93c513e512663983f654dcc5c596cad50ca8efb778569ce57c4): OpenMOSS's
+             llama.cpp fork, branch moss-tts-firstclass, as the public code index holds them
+             (find "convert_moss_audio_tokenizer_split_to_gguf"), saved side by side
   gguf-py:   the fork's, from https://github.com/expectqwq/llama.cpp commit
              7d26f9138947778ff471e278eb5a148c70777633 (gguf-py/, version 0.18.0), beside them
   command:   python convert_moss_audio_tokenizer_split_to_gguf.py MODEL --outtype f16|f32
