@@ -262,3 +262,16 @@ def test_sizes_from_the_config_are_the_files(codecs, kind: str, tmp_path: Path) 
             assert sum(int(t.n_elements) for t in tensors) == sizes[part].params
             want = sizes[part].f16_bytes if outtype == "f16" else sizes[part].f32_bytes
             assert sum(int(t.n_bytes) for t in tensors) == want
+
+
+def test_verify_checks_one_codec_file(codecs, tmp_path: Path) -> None:
+    r = convert_codec(codecs["odd"], tmp_path / "out", "f16")
+    shown = moss("verify", str(r.decoder), "--json")
+    assert shown.returncode == 0, shown.stdout
+    report = json.loads(shown.stdout)
+    assert report["kind"] == "codec" and report["ok"]
+    with open(r.encoder, "r+b") as f:  # the last tensor's data cut short
+        f.truncate(f.seek(0, 2) - 16)
+    shown = moss("verify", str(r.encoder), "--json")
+    assert shown.returncode != 0
+    assert "ends past the end of the file" in shown.stdout

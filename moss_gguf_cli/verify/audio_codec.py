@@ -8,13 +8,24 @@ both must agree on the sampling rate and the number of quantizers.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
-from ..errors import InputError
+from ..errors import InputError, UsageError
+from ..gguf.codec import ARCHES
 from ..gguf.codec_read import CodecFacts, check_codec
+from ..gguf.read import GgufFormatError, read_gguf
 from ..report import Rows
+from .result import VerifyReport
 
 MANIFEST_KEY = "native_audio_codec"
+
+
+def _describe(f: CodecFacts) -> str:
+    return (
+        f"{f.arch}, {len(f.modules)} modules, {f.n_quantizers} quantizers, "
+        f"{f.sampling_rate} Hz, {f.n_tensors} tensors with the shapes their keys imply"
+    )
 
 
 def native_codec_rows(folder: Path, manifest: dict, rows: Rows) -> None:
@@ -51,3 +62,37 @@ def native_codec_rows(folder: Path, manifest: dict, rows: Rows) -> None:
             ],
             "same sampling rate and quantizers",
         )
+
+
+def codec_part(path: Path) -> str | None:
+    """ "encoder" or "decoder" for a codec GGUF file, None for anything else."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        return None
+    try:
+        arch = read_gguf(path).arch
+    except (GgufFormatError, OSError):
+        return None
+    return next((part for part, a in ARCHES.items() if a == arch), None)
+
+
+def verify_codec_file(path: Path, deep: bool) -> VerifyReport:
+    """`verify FILE` on one codec GGUF: its header as the fork's loader reads it."""
+    started = time.perf_counter()
+    if deep:
+        raise UsageError(
+            "--deep runs the GGUF in the stock llama.cpp, which does not know the codec "
+            "architectures",
+            path=path,
+            hint="verify without --deep; run it with the fork's llama-moss-tts",
+        )
+    part = codec_part(path)
+    rows = Rows()
+    rows.group = "gguf"
+    try:
+        f = check_codec(Path(path), str(part))
+        rows.add(f"{Path(path).name}: codec header", "pass", _describe(f))
+    except InputError as exc:
+        rows.add(f"{Path(path).name}: codec header", "fail", exc.message, exc.hint or "")
+    return VerifyReport(target=Path(path), kind="codec", rows=rows.rows,
+                        seconds=time.perf_counter() - started)  # fmt: skip
