@@ -13,8 +13,8 @@ import math
 import sys
 from pathlib import Path
 
-from moss_gguf_cli.gguf.codec import part_sizes
 from moss_gguf_cli.source.audio_tokenizer_checkpoint import expected_shapes
+from moss_gguf_cli.source.codec_plan import part_sizes
 
 
 def main(config_path: str) -> None:

@@ -251,7 +251,7 @@ def test_a_hub_repo_is_named_by_the_repo_not_the_snapshot(codecs, tmp_path: Path
 @pytest.mark.parametrize("kind", ["real", "odd"])
 def test_sizes_from_the_config_are_the_files(codecs, kind: str, tmp_path: Path) -> None:
     """The figures docs/audio-codec.md gives for the real tokenizer come from part_sizes."""
-    from moss_gguf_cli.gguf.codec import part_sizes
+    from moss_gguf_cli.source.codec_plan import part_sizes
 
     sizes = part_sizes(SPECS[kind].config())
     for outtype in ("f16", "f32"):

@@ -15,10 +15,10 @@ from tiny_audio_tokenizer import REAL_LIKE, write_codec
 
 from moss_gguf_cli.disk.digests import sha256_file
 from moss_gguf_cli.errors import InputError
-from moss_gguf_cli.gguf.codec import plan_codecs
 from moss_gguf_cli.gguf.codec_read import check_codec
 from moss_gguf_cli.pipeline.audio_codec import write_codecs
 from moss_gguf_cli.source.audio_tokenizer_checkpoint import open_codec_checkpoint
+from moss_gguf_cli.source.codec_plan import plan_codecs
 
 ENC, DEC = (f"MOSS-Audio-Tokenizer-tiny-{p}-f16.gguf" for p in ("encoder", "decoder"))
 

@@ -14,13 +14,12 @@ types (f32: all F32; f16: 1-D F32, the rest F16) and weight norm folded as ``g �
 in float32 (the norm over all but the first axis, at least float32's eps).
 tests/test_audio_codec.py holds the sha256 of the fork converter's own outputs.
 
-A plan reads no tensor data; ``write_codecs`` writes both files in one pass over the
-checkpoint, each source tensor read once (the quantizers' shared tensors go to both files).
+The plans over an opened checkpoint, and the one pass that reads each tensor once for both
+files, are source/codec_plan.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,9 +27,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from ..errors import InputError, UsageError
-from ..progress import ProgressReporter, ensure
-from ..source.audio_tokenizer_checkpoint import CodecCheckpoint
+from ..errors import UsageError
 
 FORMAT = "moss-tts-audio-codec"
 ENCODER_ARCH = "moss-tts-audio-encoder"
@@ -143,7 +140,7 @@ def _config_value(key: str, value: Any) -> tuple[str, Any, VT]:
     return key, str(value), VT.STRING
 
 
-def _common_keys(arch: str, config: dict[str, Any]) -> list[tuple[str, Any, VT]]:
+def common_keys(arch: str, config: dict[str, Any]) -> list[tuple[str, Any, VT]]:
     q = dict(config["quantizer_kwargs"])
     kind = config.get("quantizer_type") or q.get("quantizer_type", "rlfq")
     u32 = [
@@ -169,7 +166,7 @@ def _common_keys(arch: str, config: dict[str, Any]) -> list[tuple[str, Any, VT]]
     return keys
 
 
-def _module_keys(arch: str, part: str, config: dict[str, Any]) -> list[tuple[str, Any, VT]]:
+def module_keys(arch: str, part: str, config: dict[str, Any]) -> list[tuple[str, Any, VT]]:
     """block_count, then each module's type and facts; a Transformer's attention context in
     frames at the rate it runs at (the encoder divides the rate by each patch, the decoder,
     starting from the encoder's final rate, multiplies it back)."""
@@ -194,7 +191,7 @@ def _module_keys(arch: str, part: str, config: dict[str, Any]) -> list[tuple[str
     return keys
 
 
-def _blocks(modules: list[dict[str, Any]]) -> dict[int, int]:
+def blocks_of(modules: list[dict[str, Any]]) -> dict[int, int]:
     """Module index → block number, counting Transformer modules only."""
     idx = [i for i, m in enumerate(modules) if m["module_type"] == "Transformer"]
     return {i: n for n, i in enumerate(idx)}
@@ -237,47 +234,6 @@ def in_part(base: str, part: str) -> bool:
     return base.startswith("quantizer.quantizers.") and any(s in base for s in inner)
 
 
-def _tensor(ck: CodecCheckpoint, name: str, out: str, outtype: str) -> CodecTensor:
-    ref = ck.tensors[name]
-    sources: tuple[str, ...] = (name,)
-    shape = ref.shape
-    if G in name:
-        v = name.replace(G, V)
-        if v not in ck.tensors:
-            raise InputError(
-                f"tensor {v} is missing",
-                path=ck.root,
-                hint="a weight-normed convolution needs both g and v",
-            )
-        sources, shape = (name, v), ck.tensors[v].shape
-    if ref.dtype not in ("F32", "F16", "BF16", "F64"):
-        raise InputError(f"tensor {name} is {ref.dtype}, not a float", path=ref.path)
-    qtype = QT.F16 if outtype == "f16" and len(shape) > 1 else QT.F32
-    return CodecTensor(out, sources, tuple(shape), qtype)
-
-
-def plan_codecs(
-    ck: CodecCheckpoint, outtype: str, name: str | None = None
-) -> tuple[CodecPlan, CodecPlan]:
-    """The encoder's and the decoder's GGUF for checkpoint CK; no tensor data is read."""
-    outtype = parse_outtype(outtype)
-    stem = name or ck.name
-    blocks = {part: _blocks(ck.config[f"{part}_kwargs"]) for part in ARCHES}
-    plans = []
-    for part, arch in ARCHES.items():
-        plan = CodecPlan(part, f"{stem} {part.capitalize()}", outtype)
-        plan.keys = _common_keys(arch, ck.config) + _module_keys(arch, part, ck.config)
-        seen: set[str] = set()
-        for src in ck.tensors:
-            out = gguf_name(src, blocks)
-            if out is None or out in seen or not in_part(src.replace(G, ".weight"), part):
-                continue
-            seen.add(out)
-            plan.tensors.append(_tensor(ck, src, out, outtype))
-        plans.append(plan)
-    return plans[0], plans[1]
-
-
 def fold_weight_norm(g: np.ndarray, v: np.ndarray) -> np.ndarray:
     """Weight norm folded as the fork folds it: g · v / max(‖v‖, eps), float32, ‖·‖ over
     every axis but the first."""
@@ -285,67 +241,3 @@ def fold_weight_norm(g: np.ndarray, v: np.ndarray) -> np.ndarray:
     norm = np.linalg.norm(v, axis=tuple(range(1, v.ndim)), keepdims=True)
     norm = np.maximum(norm, np.finfo(np.float32).eps)
     return g.astype(np.float32) * v / norm
-
-
-def tensor_data(ck: CodecCheckpoint, t: CodecTensor) -> np.ndarray:
-    """The bytes of one GGUF tensor, as the fork's converter computes them."""
-    arrays = [ck.tensors[s].read_f32() for s in t.sources]
-    data = fold_weight_norm(*arrays) if len(arrays) == 2 else arrays[0]
-    dtype = np.float16 if t.qtype == QT.F16 else np.float32
-    return np.ascontiguousarray(data.astype(dtype, copy=False))
-
-
-def stream(
-    ck: CodecCheckpoint, plans: tuple[CodecPlan, ...], progress: ProgressReporter | None = None
-) -> Iterator[tuple[int, np.ndarray]]:
-    """(plan position, data) for every tensor of every plan, in checkpoint order: a tensor
-    two plans share is computed once and handed to each."""
-    by_source: dict[str, list[tuple[int, CodecTensor]]] = {}
-    for i, plan in enumerate(plans):
-        for t in plan.tensors:
-            by_source.setdefault(t.sources[0], []).append((i, t))
-    bar = ensure(progress)
-    bar.start("codec", "audio codec tensors", sum(len(p.tensors) for p in plans), "tensors")
-    for src in ck.tensors:
-        wanted = by_source.get(src)
-        if not wanted:
-            continue
-        data = tensor_data(ck, wanted[0][1])
-        for i, _ in wanted:
-            yield i, data
-            bar.advance("codec")
-    bar.finish("codec")
-
-
-@dataclass(frozen=True)
-class PartSize:
-    """What one codec GGUF holds, from the config alone: tensors, parameters, data bytes."""
-
-    tensors: int
-    params: int
-    f16_bytes: int  # tensor data at f16 (1-D tensors stay f32)
-    f32_bytes: int
-
-
-def part_sizes(config: dict[str, Any]) -> dict[str, PartSize]:
-    """The encoder's and the decoder's file sizes (tensor data, no header) for a config: the
-    tensors upstream's model has for it, selected and typed as the converter does."""
-    from ..source.audio_tokenizer_checkpoint import expected_shapes
-
-    shapes = expected_shapes(config)
-    blocks = {part: _blocks(config[f"{part}_kwargs"]) for part in ARCHES}
-    out = {}
-    for part in ARCHES:
-        sizes = [
-            shapes.get(src.replace(G, V), shape)
-            for src, shape in shapes.items()
-            if gguf_name(src, blocks) is not None and in_part(src.replace(G, ".weight"), part)
-        ]
-        counts = [int(np.prod(s)) for s in sizes]
-        out[part] = PartSize(
-            tensors=len(sizes),
-            params=sum(counts),
-            f16_bytes=sum(n * (2 if len(s) > 1 else 4) for n, s in zip(counts, sizes, strict=True)),
-            f32_bytes=4 * sum(counts),
-        )
-    return out

@@ -13,10 +13,11 @@ from pathlib import Path
 
 from ..disk.staging import Staging
 from ..errors import InputError
-from ..gguf.codec import CodecPlan, plan_codecs, stream
+from ..gguf.codec import CodecPlan
 from ..progress import ProgressReporter
 from ..source.audio_tokenizer_checkpoint import CodecCheckpoint, open_codec_checkpoint
 from ..source.checkpoint import HUB_PATTERNS as _MODEL_PATTERNS
+from ..source.codec_plan import plan_codecs, stream
 from ..source.hub import check_files, download, is_repo_id, list_files
 
 DEFAULT_REPO = "OpenMOSS-Team/MOSS-Audio-Tokenizer"
