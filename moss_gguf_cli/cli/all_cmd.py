@@ -11,6 +11,7 @@ from rich.table import Table
 from ..disk.staging import human_bytes
 from ..errors import UsageError
 from ..gguf.first_class import FORMAT
+from ..pipeline.audio_codec import DEFAULT_REPO as CODEC_REPO
 from ..pipeline.first_class import FirstClassFolder
 from ..pipeline.recipes import Recipe, load_recipe
 from ..pipeline.route import AllRequest, run_request
@@ -43,6 +44,10 @@ EXAMPLES = """
       --audio-tables-type f16
   [dim](Q4_K_M backbone, audio embeddings and heads kept in f16)[/dim]
 
+  moss-gguf all --model OpenMOSS-Team/MOSS-TTS --output w --format moss-tts-delay \\
+      --pytorch-audio-tokenizer OpenMOSS-Team/MOSS-Audio-Tokenizer
+  [dim](and the audio tokenizer as the fork's native encoder/decoder GGUFs)[/dim]
+
   moss-gguf all --model w/moss-tts-delay_q4_k_m.gguf --output w-backend
   [dim](a first-class GGUF, folder or Hub repo read back into the layout synth speaks)[/dim]
 
@@ -64,16 +69,15 @@ def all_command(
     model: Annotated[
         str | None,
         typer.Option(
-            "--model", "-m",
+            "--model",
+            "-m",
             help="MOSS-TTS checkpoint or pre-converted repo: a local folder, a Hugging Face "
             "repo id, or builtin:tiny (default: the recipe's).",
         ),
     ] = None,
     recipe: Annotated[
         Path | None,
-        typer.Option(
-            "--config", help="A recipe YAML (configs/recipes/); flags override its keys."
-        ),
+        typer.Option("--config", help="A recipe YAML (configs/recipes/); flags override its keys."),
     ] = None,
     file_types: Annotated[
         list[str] | None,
@@ -119,6 +123,16 @@ def all_command(
             "moss-tts-delay (first-class GGUF for OpenMOSS's llama.cpp fork); repeatable.",
         ),
     ] = None,
+    pytorch_audio_tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            help="With --format moss-tts-delay: also write the audio tokenizer as the fork's "
+            "native encoder and decoder GGUFs (f16, for llama-moss-tts --audio-encoder-model/"
+            "--audio-decoder-model), from this PyTorch MOSS Audio Tokenizer: a folder or a Hub "
+            f"repo such as {CODEC_REPO}. Default: none (a 7.1 GB download; the folder's ONNX "
+            "tokenizer already serves the fork's e2e script).",
+        ),
+    ] = None,
     audio_tables_type: Annotated[
         str | None,
         typer.Option(
@@ -157,6 +171,7 @@ def all_command(
         cache_dir=cache_dir,
         audio_tokenizer=parse_flag(audio_tokenizer or r.audio_tokenizer),
         audio_tokenizer_revision=audio_tokenizer_revision or r.audio_tokenizer_revision,
+        native_codec=pytorch_audio_tokenizer,
         threads=threads,
     )
     request = AllRequest(settings, fmt, audio_tables_type)

@@ -9,7 +9,9 @@ import typer
 
 from ..disk.staging import human_bytes
 from ..errors import UsageError
+from ..gguf.codec import FORMAT as CODEC_FORMAT
 from ..gguf.first_class import FORMAT
+from ..pipeline.audio_codec import convert_codec
 from ..pipeline.convert import convert
 from ..pipeline.first_class import convert_first_class, parse_formats
 from ..source.checkpoint import BUILTIN_PREFIX, resolve_model
@@ -33,6 +35,9 @@ EXAMPLES = """
   moss-gguf convert /path/to/MOSS-TTS -o moss-tts-delay_f16.gguf --format moss-tts-delay
   [dim](the whole model as one first-class GGUF for OpenMOSS's llama.cpp fork)[/dim]
 
+  moss-gguf convert OpenMOSS-Team/MOSS-Audio-Tokenizer --format moss-tts-audio-codec -o codec
+  [dim](the audio tokenizer as the fork's encoder and decoder GGUFs, in the folder codec/)[/dim]
+
 [b]INPUT[/b] is an extracted qwen3_backbone/ folder, a whole extract output folder, a \
 MOSS-TTS checkpoint folder, or builtin:tiny.
 
@@ -43,7 +48,10 @@ and metadata of llama.cpp's converter and without llama.cpp, torch or transforme
 [b]Formats[/b]: [i]backend[/i] (default) is the Qwen3 backbone alone, for the llama.cpp \
 backend beside the .npy tables; [i]moss-tts-delay[/i] is the first-class GGUF of OpenMOSS's \
 llama.cpp fork (llama-moss-tts): backbone, audio embeddings and heads in one file, byte for \
-byte as the fork's converter writes it (INPUT: a MOSS-TTS checkpoint; native engine).
+byte as the fork's converter writes it (INPUT: a MOSS-TTS checkpoint; native engine); \
+[i]moss-tts-audio-codec[/i] is the PyTorch MOSS Audio Tokenizer (INPUT: its folder or Hub \
+repo) as the fork's two GGUFs, NAME-encoder-OUTTYPE.gguf and NAME-decoder-OUTTYPE.gguf in \
+the folder -o names (f16 or f32), byte for byte as the fork's split converter writes them.
 """
 
 
@@ -63,7 +71,12 @@ def convert_command(
             show_default=False,
         ),
     ],
-    outfile: Annotated[Path, typer.Option("--outfile", "-o", help="The GGUF file to write.")],
+    outfile: Annotated[
+        Path,
+        typer.Option(
+            "--outfile", "-o", help="The GGUF file to write (moss-tts-audio-codec: a folder)."
+        ),
+    ],
     outtype: Annotated[
         str, typer.Option("--outtype", "-t", help="f16, bf16, f32 or q8_0.")
     ] = "f16",
@@ -75,7 +88,8 @@ def convert_command(
         str,
         typer.Option(
             "--format",
-            help="backend (the Qwen3 backbone; default) or moss-tts-delay (first-class).",
+            help="backend (the Qwen3 backbone; default), moss-tts-delay (first-class) or "
+            "moss-tts-audio-codec (the audio tokenizer's encoder and decoder GGUFs).",
         ),
     ] = "backend",
     force: Force = False,
@@ -84,6 +98,9 @@ def convert_command(
 ) -> None:
     mode = OutputMode(quiet=quiet, verbose=verbose)
     setup_logging(mode)
+    if fmt.strip().lower() == CODEC_FORMAT:
+        _codec(input, outfile, outtype, engine, force, mode)
+        return
     if parse_formats([fmt]) == [FORMAT]:
         _first_class(input, outfile, outtype, engine, force, mode)
         return
@@ -126,3 +143,22 @@ def _first_class(
         f"{human_bytes(r.bytes_written)} in {r.seconds:.1f} s",
     )
     typer.echo(str(r.outfile))
+
+
+def _codec(
+    input: str, outdir: Path, outtype: str, engine: str, force: bool, mode: OutputMode
+) -> None:
+    if engine != "native":
+        raise UsageError(
+            f"--format {CODEC_FORMAT} is written by the native engine only", hint="drop --engine"
+        )
+    with progress_for(mode) as bar:
+        r = convert_codec(input, outdir, outtype, force=force, progress=bar)
+    info(
+        mode,
+        f"converted the audio tokenizer to the fork's {r.outtype} encoder "
+        f"({r.n_tensors['encoder']} tensors) and decoder ({r.n_tensors['decoder']} tensors), "
+        f"{human_bytes(r.bytes_written)} in {r.seconds:.1f} s",
+    )
+    typer.echo(str(r.encoder))
+    typer.echo(str(r.decoder))

@@ -77,7 +77,7 @@ def prepare_handoff(
     file_types = [parse_file_type(q) for q in sub.file_types] or ["Q4_K_M"]
     names = gguf_names(file_types)
     made_from = first_class_made_from(sub, model)
-    if not sub.force and folder_complete(sub.output, names, audio_tables):
+    if not sub.force and folder_complete(sub.output, names, audio_tables, sub.native_codec):
         refuse_other(sub.output, manifest_made_from(sub.output), made_from)
         return None
     check_target(sub.output, sub.force)  # someone else's folder: refused before the pass

@@ -35,6 +35,14 @@ from ..source.audio_tokenizer import default_source as default_codec
 from ..source.audio_tokenizer import resolve as resolve_codec
 from ..source.checkpoint import TOKENIZER_FILES, open_checkpoint, resolve_model
 from ..source.first_class import plan_first_class
+from .audio_codec import (
+    MANIFEST_KEY,
+    NativeCodec,
+    native_manifest,
+    native_readme,
+    prepare_native,
+    write_native,
+)
 from .layout import audio_tokenizer_files, gguf_file_type
 from .made_from import MadeFrom, manifest_made_from, refuse_other, source_identity
 
@@ -120,6 +128,7 @@ def write_first_class(
     audio_tables: str | None = None,
     made_from: MadeFrom | None = None,
     handoff: Path | None = None,
+    native: NativeCodec | None = None,
 ) -> FirstClassFolder:
     """A first-class folder at output: every type in one read of the checkpoint (or taken
     from HANDOFF, where the backend run's pass wrote them all), then the tokenizer, the codec,
@@ -142,10 +151,14 @@ def write_first_class(
         if codec is not None:
             for item in audio_tokenizer_files(codec):
                 _link_or_copy(item.source, stage.path / item.rel)
+        if native is not None:
+            write_native(native, stage.path, bar)
         names = gguf_names(file_types)
-        (stage.path / README_NAME).write_text(readme(names, codec is not None))
+        text = readme(names, codec is not None)
+        text += native_readme(names[0], native.names) if native is not None else ""
+        (stage.path / README_NAME).write_text(text)
         tables = audio_tables.strip().lower() if audio_tables else None
-        files = _manifest(stage.path, names, codec, source_model, tables, made_from)
+        files = _manifest(stage.path, names, codec, source_model, tables, made_from, native)
         stage.commit()
     return FirstClassFolder(
         Path(output), [Path(output) / n for n in names], files,
@@ -200,6 +213,7 @@ def _manifest(
     source_model: str,
     audio_tables: str | None,
     made_from: MadeFrom | None = None,
+    native: NativeCodec | None = None,
 ) -> list[tuple[str, int]]:
     """manifest.json: what the folder is, and every file's size and sha256."""
     rels = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
@@ -217,6 +231,7 @@ def _manifest(
         "audio_tables_type": audio_tables,  # None: the quantizer's (each file's base type)
         "runtime": {"llama.cpp": FORK, "commit": FORK_COMMIT, "binary": "llama-moss-tts"},
         "audio_tokenizer": codec.source if codec is not None else None,
+        MANIFEST_KEY: native_manifest(native) if native is not None else None,
         "made_from": made_from.to_json() if made_from is not None else None,
         "files": entries,
     }
@@ -294,7 +309,8 @@ def run_first_class(
     names = gguf_names(file_types)
     model = resolve_model(settings.model, settings.revision, settings.cache_dir, bar)
     made_from = first_class_made_from(settings, model)
-    if not settings.force and folder_complete(output, names, audio_tables):
+    native_spec = settings.native_codec
+    if not settings.force and folder_complete(output, names, audio_tables, native_spec):
         # a folder made from other inputs is refused, as the backend layout refuses it
         refuse_other(output, manifest_made_from(output), made_from)
         files = [(f["path"], f["size"]) for f in read_manifest(output)["files"]]
@@ -308,10 +324,13 @@ def run_first_class(
             revision=settings.audio_tokenizer_revision, cache_dir=settings.cache_dir,
             progress=bar,
         )  # fmt: skip
+        native = None
+        if native_spec is not None:  # checked before the long work
+            native = prepare_native(native_spec, cache_dir=settings.cache_dir, progress=bar)
         folder = write_first_class(
             model, output, file_types, settings.outtype, codec, settings.model,
             threads=settings.threads, force=settings.force, progress=bar,
-            audio_tables=audio_tables, made_from=made_from, handoff=handoff,
+            audio_tables=audio_tables, made_from=made_from, handoff=handoff, native=native,
         )  # fmt: skip
     for path in folder.ggufs:
         check_first_class(path)
@@ -346,10 +365,15 @@ def check_first_class_settings(settings) -> None:
         )
 
 
-def folder_complete(output: Path, names: list[str], audio_tables: str | None) -> bool:
-    """A finished first-class folder of exactly these GGUFs (sizes as its manifest says)."""
+def folder_complete(
+    output: Path, names: list[str], audio_tables: str | None, native: str | None = None
+) -> bool:
+    """A finished first-class folder of exactly these GGUFs (sizes as its manifest says),
+    with the codec GGUFs of NATIVE (None: without)."""
     manifest = read_manifest(output)
     if manifest is None or sorted(manifest.get("quant_types") or {}) != sorted(names):
+        return False
+    if (manifest.get(MANIFEST_KEY) or {}).get("source") != native:
         return False
     wanted = audio_tables.strip().lower() if audio_tables else None
     if manifest.get("audio_tables_type") != wanted:

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import __version__
 from ..disk.layout_names import EMBEDDING_DIR, LM_HEAD_DIR, META_NAME, TOKENIZER_DIR
-from ..errors import InputError, UsageError
+from ..errors import UsageError
 from ..gguf.file_types import file_type_table, parse_file_type
 from ..gguf.first_class import ARCH_NAME, AUDIO_EMBD
 from ..gguf.first_class_read import (
@@ -35,6 +35,8 @@ from ..gguf.first_class_read import (
     write_backbone,
 )
 from ..gguf.read import GgufFormatError, read_gguf
+from ..gguf.tokenizer_files import HOW as TOKENIZER_HOW
+from ..gguf.tokenizer_files import write_tokenizer_files
 from ..gguf.vocab import read_vocab
 from ..gguf.write import Qwen3Params
 from ..progress import ProgressReporter, ensure
@@ -59,7 +61,7 @@ class FirstClassInput:
 
     model: str  # as given
     gguf: Path
-    tokenizer: Path  # the folder holding tokenizer.json
+    tokenizer: Path | None  # the folder holding tokenizer.json; None: rebuilt from the file
     source: dict  # what it was made from (a folder's files, or a Hub repo at a commit)
     checked: str  # what its bytes were checked against
     digests: dict[str, str]  # rel → sha256 the Hub check took (Hub repos only)
@@ -96,16 +98,13 @@ def _choose(model: str, ggufs: list[str], file_types: list[str]) -> str:
                      hint="pass --quant with one of those")  # fmt: skip
 
 
-def _tokenizer_beside(gguf: Path) -> Path:
+def _tokenizer_beside(gguf: Path) -> Path | None:
+    """The tokenizer folder beside a first-class file; None: the file alone (its own
+    tokenizer.ggml.* keys are then made into one, gguf/tokenizer_files.py)."""
     for folder in (gguf.parent / TOKENIZER_DIR, gguf.parent):
         if (folder / "tokenizer.json").is_file():
             return folder
-    raise InputError(
-        f"no {TOKENIZER_DIR}/tokenizer.json beside the first-class GGUF (synth tokenizes text "
-        "with it)",
-        path=gguf,
-        hint=f"put the checkpoint's tokenizer files in {gguf.parent / TOKENIZER_DIR}",
-    )
+    return None
 
 
 def find_first_class(
@@ -157,13 +156,12 @@ def _from_hub(
     gguf = _choose(model, named, file_types)
     tok = [f"{TOKENIZER_DIR}/{n}" for n in TOKENIZER_FILES if f"{TOKENIZER_DIR}/{n}" in files]
     if f"{TOKENIZER_DIR}/tokenizer.json" not in tok:
-        raise InputError(f"{model} has no {TOKENIZER_DIR}/tokenizer.json beside {gguf}",
-                         hint="synth tokenizes text with it; use a repo that holds it")  # fmt: skip
+        tok = []  # the file's own tokenizer keys are made into one
     root = download(model, [gguf, *tok], revision, cache_dir, progress)
     digests = check_files(listing, root, [gguf, *tok], progress)
     check_first_class(root / gguf)
     source = {"repo": model, "commit": listing.commit or revision or "main"}
-    return FirstClassInput(model, root / gguf, root / TOKENIZER_DIR, source,
+    return FirstClassInput(model, root / gguf, root / TOKENIZER_DIR if tok else None, source,
                            listing.describe(), digests)  # fmt: skip
 
 
@@ -211,19 +209,24 @@ def unpack(fc: FirstClassInput, output: Path, progress: ProgressReporter | None 
     try:
         lang = language_config(facts)
         params = Qwen3Params.from_config(lang, fc.gguf)
-        vocab = read_vocab(fc.tokenizer, lang, params.vocab)
+        tokenizer, movable = fc.tokenizer, False
+        if tokenizer is None:
+            tokenizer, movable = work / TOKENIZER_DIR, True
+            write_tokenizer_files(fc.gguf, tokenizer)
+        vocab = read_vocab(tokenizer, lang, params.vocab)
         name = backbone_name(facts)
         # convert's general.name: '<variant> backbone'
         title = f"{variant_name({'n_vq': facts.n_vq})} backbone"
         write_backbone(backbone_plan(facts, params, vocab, title), work / name)
         types = _write_tables(facts, work, bar)
         meta = first_class_meta(fc, facts, lang, types)
+        meta["first_class"]["tokenizer"] = "beside the file" if fc.tokenizer else TOKENIZER_HOW
         (work / META_NAME).write_text(json.dumps(meta, indent=2) + "\n")
         items = [Placement(work / name, name)]
         tables = [p for d in (EMBEDDING_DIR, LM_HEAD_DIR) for p in sorted((work / d).iterdir())]
         items += [Placement(p, p.relative_to(work).as_posix()) for p in tables]
-        items += [Placement(fc.tokenizer / n, f"{TOKENIZER_DIR}/{n}", movable=False)
-                  for n in TOKENIZER_FILES if (fc.tokenizer / n).is_file()]  # fmt: skip
+        items += [Placement(tokenizer / n, f"{TOKENIZER_DIR}/{n}", movable=movable)
+                  for n in TOKENIZER_FILES if (tokenizer / n).is_file()]  # fmt: skip
         items.append(Placement(work / META_NAME, META_NAME))
         return Unpacked(work, items, meta, [name])
     except BaseException:

@@ -21,9 +21,11 @@ from enum import Enum
 from pathlib import Path
 
 from ..errors import UsageError
+from ..gguf.codec import FORMAT as CODEC_FORMAT
 from ..gguf.first_class import FORMAT, parse_audio_tables_type
 from ..progress import ProgressReporter, ensure
 from ..source.preconverted import GgufRepo, recognise
+from .audio_codec import NATIVE_FLAG
 from .dual import run_both
 from .first_class import (
     BACKEND,
@@ -124,6 +126,12 @@ def run_request(request: AllRequest, progress: ProgressReporter | None = None) -
         raise UsageError(
             "--audio-tables-type applies to the first-class format only",
             hint=f"add --format {FORMAT}",
+        )
+    if settings.native_codec is not None and FORMAT not in formats:
+        raise UsageError(
+            f"{NATIVE_FLAG} adds the codec GGUFs to the first-class folder only",
+            hint=f"add --format {FORMAT}, or run: moss-gguf convert "
+            f"{settings.native_codec} --format {CODEC_FORMAT} -o DIR",
         )
     if BACKEND not in formats:
         route = choose_route(None, formats)

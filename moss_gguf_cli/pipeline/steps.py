@@ -64,6 +64,7 @@ class AllSettings:
     cache_dir: Path | None = None
     audio_tokenizer: str | Path | None = None  # None: the model's own; "none": no codec
     audio_tokenizer_revision: str | None = None
+    native_codec: str | None = None  # first-class: the PyTorch tokenizer → codec GGUFs
     threads: int | None = None
     synth: dict[str, Any] = field(default_factory=dict)  # moss-tts.yaml keys to override
 

@@ -31,6 +31,7 @@ from ..errors import UsageError
 from ..gguf.read import GgufFile, GgufFormatError, GgufTensorInfo, file_type_name, read_gguf
 from ..progress import ProgressReporter, ensure
 from ..report import FAIL, PASS, WARN, CheckRow
+from .audio_codec import codec_part, verify_codec_file
 from .context import Context
 from .deep import (
     check_deep_deps,
@@ -107,6 +108,8 @@ def verify(
         raise UsageError("no TARGET given", hint="moss-gguf verify WEIGHTS_FOLDER")
     if is_first_class(Path(target)):  # OpenMOSS's fork's format: its own rows
         return verify_first_class(Path(target), source, deep)
+    if codec_part(Path(target)) is not None:  # the fork's codec GGUFs (docs/audio-codec.md)
+        return verify_codec_file(Path(target), deep)
     if deep:
         check_deep_deps()
     t = find_target(Path(target))

@@ -21,6 +21,7 @@ from ..gguf.read import GgufFormatError, read_gguf
 from ..report import Rows
 from ..source.checkpoint import open_checkpoint, resolve_model
 from ..source.first_class import moss_value
+from .audio_codec import native_codec_rows
 from .result import GROUPS, VerifyReport
 
 KIND = "first-class"
@@ -111,6 +112,7 @@ def _folder_rows(folder: Path, manifest: dict, rows: Rows) -> list[Path]:
     names = sorted(manifest.get("quant_types") or {})
     rows.check("first-class GGUFs", [] if names else ["the manifest lists no GGUF"],
                ", ".join(names))  # fmt: skip
+    native_codec_rows(folder, manifest, rows)
     return [folder / n for n in names if (folder / n).is_file()]
 
 
