@@ -18,6 +18,7 @@ import soundfile as sf
 from conftest import TINY_SYNTH_YAML as BASE
 from conftest import write_yaml
 from test_serve import start_serve
+from test_tts_engine import q4_weights  # noqa: F401 - a fixture
 from typer.testing import CliRunner
 
 from moss_gguf_cli.cli.app import app
@@ -32,6 +33,7 @@ from moss_gguf_cli.tts.chunking import (
 )
 from moss_gguf_cli.tts.codec import FRAME_SAMPLES
 from moss_gguf_cli.tts.delay import undo_delay
+from moss_gguf_cli.tts.engine import EngineSettings
 from moss_gguf_cli.tts.normalize import normalize_text
 from moss_gguf_cli.tts.speech import FADE_SAMPLES, PAUSE_FRAMES, VOICE_FRAMES, Joiner
 
@@ -161,6 +163,45 @@ def test_long_text_is_spoken_whole_in_one_voice(config):
     pause = PAUSE_FRAMES * FRAME_SAMPLES
     frames = sum(c.frames for c in result.chunks)
     assert result.waveform.size == frames * FRAME_SAMPLES + pause * (len(result.chunks) - 1)
+
+
+@pytest.mark.parametrize("weights", ["f16", "q4"])
+def test_chunks_after_the_first_prefill_their_shared_beginning_once(weights, tiny_weights,
+                                                                    request):  # fmt: skip
+    """Chunks 2..n differ only in their text: the rows before it (the voice they carry) are
+    prefilled once and restored for the others (llama.cpp's own sequence state), 1-wide and
+    batched; the rows made are the same as with every prompt prefilled whole."""
+    folder = tiny_weights if weights == "f16" else request.getfixturevalue("q4_weights")
+    config = SynthConfig.from_yaml(folder / "moss-tts.yaml")
+    made = {}
+    for share in (True, False):
+        for width in (1, 3):
+            settings = EngineSettings(shared_prefix=share)
+            with Synthesizer(config, max_batch=width, settings=settings) as tts:
+                result = tts.synthesize(EN, seed=5, max_new_tokens=40)
+            made[share, width] = result.rows
+            prompts = [c.prompt for c in result.chunks]
+            assert len(prompts) >= 3
+            shared = prompts[1].shared_rows
+            # the text is what differs: all but chunk 1 (no voice) agree up to it
+            assert shared > prompts[1].reference_frames
+            assert all(p.shared_rows == shared and np.array_equal(p.rows[:shared],
+                       prompts[1].rows[:shared]) for p in prompts[2:])  # fmt: skip
+            assert not np.array_equal(prompts[1].rows[: shared + 1], prompts[2].rows[: shared + 1])
+            # chunk 2 prefilled them, each later chunk restored them
+            assert result.profile.prefix_rows == (shared * (len(prompts) - 2) if share else 0)
+    for width in (1, 3):
+        assert np.array_equal(made[True, width], made[False, width])
+
+
+def test_the_shared_beginning_ends_where_the_text_begins(config):
+    with Synthesizer(config) as tts:
+        codes = np.zeros((7, tts.info.n_vq), dtype=np.int64)
+        a, b = (tts.prepare(t, reference_codes=codes, language="en").prompt
+                for t in ("Hello there.", "Hello, you."))  # fmt: skip
+        head = tts.tokenizer.decode(a.rows[: a.shared_rows, 0].tolist(), skip_special_tokens=False)
+    assert a.shared_rows == b.shared_rows and head.endswith("- Text:\n")
+    assert np.array_equal(a.rows[: a.shared_rows], b.rows[: b.shared_rows])
 
 
 def test_chinese_with_a_reference_carries_it_in_every_chunk(config, reference_wav):

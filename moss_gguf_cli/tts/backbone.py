@@ -43,6 +43,7 @@ llama.cpp's log lines go to this module's logger at DEBUG level (shown with
 from __future__ import annotations
 
 import collections
+import ctypes
 import logging
 import os
 from dataclasses import dataclass
@@ -310,11 +311,7 @@ class Backbone:
             raise InputError(
                 f"prompt embeddings have shape {embeds.shape}, need (S, {self.n_embd})"
             )
-        if self._past[seq] + embeds.shape[0] > self.n_ctx:
-            raise InputError(
-                f"the prompt is {embeds.shape[0]} rows but n_ctx is {self.n_ctx}",
-                hint="raise n_ctx in the config, or shorten the text / reference",
-            )
+        self._check_room(embeds.shape[0], seq)
         last = (embeds.shape[0] - 1) // self.n_batch * self.n_batch  # final chunk's start
         for start in range(0, last, self.n_batch):
             self._decode(embeds[start : start + self.n_batch], want_output=False, seq=seq)
@@ -322,6 +319,40 @@ class Backbone:
         self._decode(embeds[last:], want_output=True, seq=seq, logits=logits)
         self.width = embeds.shape[0] - last
         return self._outputs(logits)
+
+    def _check_room(self, rows: int, seq: int) -> None:
+        if self._past[seq] + rows > self.n_ctx:
+            raise InputError(f"the prompt is {rows} rows but n_ctx is {self.n_ctx}",
+                             hint="raise n_ctx in the config, or shorten the text / reference")
+
+    def fill(self, embeds: np.ndarray, seq: int = 0) -> None:
+        """Feed rows into SEQ's KV cache and output nothing: a prompt's shared beginning
+        (`save`/`load` keep it for the others that begin the same way). A prompt fed as
+        `fill` then `prefill` is batched otherwise than one `prefill` of it whole, so its
+        bits may differ from upstream's: for chunks 2..n only (tts/speech.py)."""
+        embeds = np.asarray(embeds, dtype=np.float32)
+        self._check_room(embeds.shape[0], seq)
+        for start in range(0, embeds.shape[0], self.n_batch):
+            self._decode(embeds[start : start + self.n_batch], want_output=False, seq=seq)
+
+    def save(self, seq: int) -> bytes:
+        """SEQ's KV cache as llama.cpp serialises a sequence (`llama_state_seq_get_data`)."""
+        lc = self._lc
+        size = lc.llama_state_seq_get_size(self._ctx, seq)
+        buffer = (ctypes.c_uint8 * size)()
+        got = lc.llama_state_seq_get_data(self._ctx, buffer, size, seq)
+        if got != size:
+            raise ToolError(f"llama.cpp saved {got} of {size} bytes of a sequence")
+        return bytes(buffer)
+
+    def load(self, seq: int, state: bytes, rows: int) -> None:
+        """SEQ's KV cache (cleared first) from `save`'s STATE, which holds ROWS rows."""
+        self.reset(seq)
+        buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        if self._lc.llama_state_seq_set_data(self._ctx, buffer, len(state), seq) == 0:
+            raise ToolError(f"llama.cpp could not restore a sequence: {_last_error()}",
+                            hint="raise n_ctx")  # fmt: skip
+        self._past[seq] = rows
 
     def step(self, embed: np.ndarray, logits: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
         """Feed one (n_embd,) row; its hidden state and text logits (None unless LOGITS;

@@ -62,11 +62,14 @@ class EngineSettings:
         bits alone or batched, a lone utterance paying for the width.
     heads: the audio heads' backend (tts/heads.py); None: the config's heads_backend.
     text_head: False makes llama.cpp run its whole text head every step (the way before
-    tts/text_head.py; for checks)."""
+    tts/text_head.py; for checks).
+    shared_prefix: False prefills every prompt whole, also the beginnings that chunks 2..n
+    of a request share (the way before; for checks)."""
 
     width: str = "served"
     heads: str | None = None
     text_head: bool = True
+    shared_prefix: bool = True
 
     @property
     def repack(self) -> bool:
@@ -78,6 +81,7 @@ class SynthProfile:
     """Where the time of one `generate` went (seconds unless named otherwise)."""
 
     prompt_rows: int = 0
+    prefix_rows: int = 0  # of them, restored from another chunk's prefill (not computed)
     reference_frames: int = 0
     steps: int = 0
     frames: int = 0
@@ -142,6 +146,10 @@ class Utterance:
         self.frames = 0
         self.finished = False
         self.error: BaseException | None = None
+        # its prompt's rows before the text may come from the engine's kept beginning (one
+        # like it prefilled before): tts/speech.py sets it for chunks 2..n, whose prompts
+        # differ only in their text
+        self.shares_prefix = False
 
     @property
     def runaway(self) -> bool:
@@ -169,6 +177,9 @@ class Engine:
             width == "identical" and heads.backend == "numpy") else 0  # fmt: skip
         self.free = list(range(max_batch))
         self.active: list[Utterance] = []
+        # the beginning of the prompt last shared (its rows, llama.cpp's KV of them): the
+        # chunks of one request that carry one voice prefill it once (Utterance.shares_prefix)
+        self._prefix: tuple[np.ndarray, bytes] | None = None
         # monotonic time of the last finished step or prefill: a watchdog tells a long step
         # from a wedged engine by it (serve/scheduler.py, /health)
         self.last_progress = time.monotonic()
@@ -184,8 +195,13 @@ class Engine:
             u.machine = DelayMachine(self.info, u.run.prompt.rows)
             u.plan = u.machine.plan()
             t0 = time.perf_counter()
+            rows = u.run.prompt.rows
+            start = 0
+            if u.shares_prefix and self.settings.shared_prefix:
+                start, restored = self._prefix_into(u)
+                profile.prefix_rows = start if restored else 0
             hidden, logits = self.backbone.prefill(
-                self.embeddings.sum_rows(u.run.prompt.rows), seq=u.seq,
+                self.embeddings.sum_rows(rows[start:]), seq=u.seq,
                 logits=self._whole_vocabulary([u.plan]),
             )  # fmt: skip
             u.hidden = hidden.copy()
@@ -322,6 +338,20 @@ class Engine:
             u.run.profile.backbone_s += t2 - t1
             u.run.profile.heads_s += t3 - t2
         return []
+
+    def _prefix_into(self, u: Utterance) -> tuple[int, bool]:
+        """U's sequence holds its prompt's shared beginning (restored when the kept one is
+        the same rows, else prefilled and kept): how many rows that is, whether restored."""
+        shared = u.run.prompt.rows[: u.run.prompt.shared_rows]
+        if not shared.shape[0]:
+            return 0, False
+        kept = self._prefix
+        if kept is not None and np.array_equal(kept[0], shared):
+            self.backbone.load(u.seq, kept[1], shared.shape[0])
+            return int(shared.shape[0]), True
+        self.backbone.fill(self.embeddings.sum_rows(shared), seq=u.seq)
+        self._prefix = (shared.copy(), self.backbone.save(u.seq))
+        return int(shared.shape[0]), False
 
     def _whole_vocabulary(self, plans: list[StepPlan]) -> bool:
         """Whether llama.cpp must run its text head for this decode."""

@@ -45,6 +45,7 @@ TEMPLATE = (
     "- Text:\n{text}\n"
     "</user_inst>"
 )
+TEXT_MARK = "- Text:\n"  # the field the words go in: what comes before is shared
 SPEAKER_TAG = re.compile(r"\[S(\d+)\]")
 
 
@@ -71,6 +72,7 @@ class Prompt:
     reference_frames: int = 0  # all speakers' reference frames together
     continuation_frames: int = 0  # frames of audio the prompt ends inside (continuation mode)
     continuation_codes: np.ndarray | None = None  # those frames (T, n_vq): the decoder's context
+    shared_rows: int = 0  # rows before the Text field's words: the same whatever the text
 
 
 def load_tokenizer(tokenizer_dir: Path):
@@ -237,7 +239,21 @@ def build_prompt(
         reference_frames=int(sum(v.shape[0] for v in present)),
         continuation_frames=prefix_frames,
         continuation_codes=prefix,
+        shared_rows=_rows_before_text(tokenizer, text, ids),
     )
+
+
+def _rows_before_text(tokenizer, text: str, ids: np.ndarray) -> int:
+    """How many of the prompt's rows come before the Text field's words (the ids of the
+    text up to it, as far as they agree with the whole prompt's: a token may span the mark)."""
+    mark = text.find(TEXT_MARK)
+    if mark < 0:
+        return 0
+    head = np.asarray(tokenizer.encode(text[: mark + len(TEXT_MARK)],
+                                       add_special_tokens=False).ids, dtype=np.int64)  # fmt: skip
+    n = min(head.size, ids.size - 1)  # at least the last row is the text's own
+    differ = np.flatnonzero(head[:n] != ids[:n])
+    return int(differ[0]) if differ.size else n
 
 
 def _place(

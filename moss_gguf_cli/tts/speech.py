@@ -275,6 +275,9 @@ class Speech:
                     self._send()
 
         u = Utterance(run, self.progress, on_row)
+        # chunks 2..n begin alike (their voice; only the text differs): prefilled once. Not
+        # chunk 1, whose prompt stays fed whole, as a one-chunk request's is (upstream's bits)
+        u.shares_prefix = index > 0
         self.running[id(u)] = (u, index)
         return u
 
@@ -334,8 +337,8 @@ class Speech:
         """The chunks' profiles summed; wall time from the start."""
         out = SynthProfile(heads_backend=getattr(self.tts.heads, "backend", ""))
         done = [c.profile for c in self.chunks if c.profile is not None]
-        for name in ("prompt_rows", "reference_frames", "steps", "reference_s", "prefill_s",
-                     "embed_s", "backbone_s", "heads_s", "sampling_s", "decode_s"):
+        for name in ("prompt_rows", "prefix_rows", "reference_frames", "steps", "reference_s",
+                     "prefill_s", "embed_s", "backbone_s", "heads_s", "sampling_s", "decode_s"):
             setattr(out, name, sum(getattr(p, name) for p in done))
         out.stopped = bool(done) and all(p.stopped for p in done)
         out.frames = sum(c.report.frames for c in self.chunks)
