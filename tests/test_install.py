@@ -177,3 +177,21 @@ def test_scripts_take_the_version_from_the_pin():
         capture_output=True, text=True, cwd=REPO, check=True,
     )  # fmt: skip
     assert done.stdout.strip() == pins.LLAMA_CPP_PYTHON
+
+
+def test_threads_default_to_the_physical_cores():
+    """n_threads 0 (the default `all` writes) means the physical cores: 4 threads on a
+    2-core machine measured slower (docs/memory-floor.md), and a second hardware thread
+    shares its core's arithmetic."""
+    import os
+
+    from moss_gguf_cli.tts.defaults import SYNTH_DEFAULTS
+
+    cores = cf.physical_cores()
+    assert 1 <= cores <= len(os.sched_getaffinity(0))
+    siblings = {
+        Path(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list").read_text().strip()
+        for c in os.sched_getaffinity(0)
+    }
+    assert cores == len(siblings)  # one per core, whatever its hardware threads
+    assert SYNTH_DEFAULTS["n_threads"] == 0

@@ -13,6 +13,7 @@ before anything is installed.
 from __future__ import annotations
 
 import hashlib
+import os
 import platform
 import re
 import sys
@@ -21,6 +22,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .pins import LLAMA_CPP_PYTHON
+
+
+def physical_cores() -> int:
+    """The physical cores this process may run on (a core's second hardware thread shares
+    its arithmetic units: llama.cpp's own default counts cores, not threads); the logical
+    CPUs where /sys does not say."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+    cores = set()
+    for cpu in cpus:
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            cores.add(((topology / "physical_package_id").read_text().strip(),
+                       (topology / "core_id").read_text().strip()))  # fmt: skip
+        except OSError:
+            return len(cpus) or 1
+    return len(cores) or 1
+
 
 # ggml option → the /proc/cpuinfo flags it needs, in the order the CMake line lists them.
 # GGML_AVX512 compiles with -mavx512f -mavx512cd -mavx512vl -mavx512dq -mavx512bw.

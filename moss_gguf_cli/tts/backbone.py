@@ -45,7 +45,6 @@ from __future__ import annotations
 import collections
 import ctypes
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +53,7 @@ from gguf import GGMLQuantizationType
 
 from ..errors import InputError, ToolError, UsageError
 from ..native import libggml, libllama
+from ..native.cpu_features import physical_cores
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def _last_error() -> str:
 class BackboneSettings:
     n_ctx: int = 4096
     n_batch: int = 512
-    n_threads: int = 0  # 0: all cores
+    n_threads: int = 0  # 0: the physical cores
     n_gpu_layers: int = -1
     kv_cache_type_k: str = "f16"
     kv_cache_type_v: str = "f16"
@@ -176,7 +176,7 @@ class Backbone:
 
     def _open_context(self, settings: BackboneSettings) -> None:
         lc = self._lc
-        threads = settings.n_threads or os.cpu_count() or 1
+        threads = settings.n_threads or physical_cores()
         self.n_embd = int(lc.llama_model_n_embd(self._model))
         self.n_vocab = int(lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self._model)))
         cparams = lc.llama_context_default_params()

@@ -93,7 +93,7 @@ class SynthConfig:
     heads_backend: str = D["heads_backend"]
     n_ctx: int = D["n_ctx"]
     n_batch: int = D["n_batch"]
-    n_threads: int = D["n_threads"]  # 0: all cores
+    n_threads: int = D["n_threads"]  # 0: the physical cores
     n_gpu_layers: int = D["n_gpu_layers"]
     max_new_tokens: int = D["max_new_tokens"]
     use_gpu_audio: bool = D["use_gpu_audio"]
@@ -195,7 +195,7 @@ class SynthConfig:
         if self.n_batch < 1:
             raise bad("n_batch", f"must be at least 1, got {self.n_batch}")
         if self.n_threads < 0:
-            raise bad("n_threads", f"must be 0 (all cores) or more, got {self.n_threads}")
+            raise bad("n_threads", f"must be 0 (the physical cores) or more, got {self.n_threads}")
         if self.max_new_tokens < 1:
             raise bad("max_new_tokens", f"must be at least 1, got {self.max_new_tokens}")
         for key in ("text_top_p", "audio_top_p"):

@@ -17,7 +17,7 @@ SYNTH_DEFAULTS: dict[str, Any] = {
     "heads_backend": "auto",  # float16 heads in ggml (docs/memory-floor.md); numpy: float32
     "n_ctx": 4096,
     "n_batch": 512,
-    "n_threads": 4,
+    "n_threads": 0,  # the physical cores (docs/memory-floor.md: 4 threads on 2 cores was slower)
     "n_gpu_layers": -1,  # every layer when llama.cpp has a GPU backend; nothing on CPU builds
     "max_new_tokens": 3072,
     "use_gpu_audio": True,  # onnxruntime's CUDA provider when it is installed, else the CPU

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import InputError
 from ..native import libggml
+from ..native.cpu_features import physical_cores
 from .embeddings import open_table
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class AudioHeads:
                 _, hidden = head_shape(lm_head_dir)
                 # memory-bound: one thread nearly saturates a memory channel, and a
                 # thread that shares its core with another process stalls the rest
-                threads = max(1, (n_threads or os.cpu_count() or 1) // 2)
+                threads = max(1, (n_threads or physical_cores()) // 2)
                 ggml = _GgmlMatVec(n_vq * audio_rows, hidden, threads, max_width)
                 try:  # straight into ggml's buffer: no second copy of the stack
                     fill_stacked(lm_head_dir, n_vq, audio_rows, ggml.weights)
@@ -119,7 +119,7 @@ class AudioHeads:
         if max_width > 1:
             try:
                 _, hidden = head_shape(lm_head_dir)
-                threads = max(1, (n_threads or os.cpu_count() or 1) // 2)
+                threads = max(1, (n_threads or physical_cores()) // 2)
                 self._wide = _GgmlMatVec(self.n_vq * self.rows, hidden, threads, max_width,
                                          np.float32)  # fmt: skip
                 fill_stacked(lm_head_dir, self.n_vq, self.rows, self._wide.weights)
