@@ -12,7 +12,7 @@ server in turn, alternated, medians and their ratio. Then 2 × N such requests (
 length) at each concurrency N on the wide server, and at concurrency 1 on the 1-wide one,
 the levels alternated round after round (medians): aggregate audio seconds per wall second,
 p50/p95, each level against the wide server's own concurrency 1 and against the 1-wide
-server's. It speaks with a copy of the checkpoint whose
+server's; and each server's peak RSS (VmHWM). It speaks with a copy of the checkpoint whose
 text head keeps greedy decoding in audio (`speaking_checkpoint`), so an utterance really is
 that many seconds of audio, every step running the audio heads.
 
@@ -121,11 +121,16 @@ def start(folder: Path, voices: Path, log: Path, max_batch: int,
     return proc, f"http://127.0.0.1:{found.group(1)}"
 
 
-def rss_mb(pid: int) -> float:
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The most resident memory the process has had (the kernel's high-water mark)."""
+    return round(rss_mb(pid, "VmHWM"), 1)
 
 
 def decoded_seconds(fmt: str, data: bytes) -> float:
@@ -320,6 +325,8 @@ def main() -> None:
             if args.ttfa:
                 lone, lone_url = start(folder, Path(tmp) / "voices1", Path(tmp) / "serve1.log", 1)
                 report = ttfa(lone_url, url, args)
+                report["peak_rss_mb"] = {"1-wide": peak_rss_mb(lone.pid),
+                                         f"{args.max_batch}-wide": peak_rss_mb(proc.pid)}
             else:
                 report = load(url, proc.pid, args)
         finally:

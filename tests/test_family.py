@@ -242,6 +242,54 @@ def test_ttsd_prompt_carries_both_clips_and_their_join(built, tmp_path: Path) ->
     assert abs(joined - sum(c.shape[0] for c in clips)) <= 1  # one encode of both waveforms
 
 
+def test_a_long_dialogue_is_split_at_speaker_turns_each_chunk_with_both_clips(
+    built, tmp_path: Path
+) -> None:
+    """A dialogue longer than a chunk: split before speaker tags, every chunk's prompt holds
+    both speakers' clips and transcripts (no chunk-1 voice carried: the clips are the voices),
+    the chunks join back into the dialogue, and the later chunks share their beginning."""
+    from moss_gguf_cli.tts import Speaker, SynthConfig, Synthesizer
+
+    out, _ = built["tiny-ttsd"]
+    alice, bob = _clip(tmp_path / "a.wav", 220, 1.0), _clip(tmp_path / "b.wav", 330, 0.5)
+    turns = [f"[S{1 + i % 2}] Turn {i}: the harbour was quiet again, and the nets were dry."
+             for i in range(24)]  # fmt: skip
+    speakers = [Speaker("Hi, I'm Alice.", alice), Speaker("And I'm Bob.", bob)]
+    with Synthesizer(SynthConfig.from_yaml(out / "moss-tts.yaml"), max_batch=2) as tts:
+        result = tts.synthesize(" ".join(turns), speakers=speakers, max_new_tokens=24, seed=3)
+        info = tts.info
+    chunks = result.plan.chunks
+    assert len(chunks) >= 3 and result.plan.voice == "none"
+    assert "".join(c.text + c.gap for c in chunks) == result.plan.text
+    for report, chunk in zip(result.chunks, chunks, strict=True):
+        assert chunk.text.startswith(("[S1]", "[S2]"))  # a turn is never cut
+        prompt = report.prompt
+        assert "[S1]Hi, I'm Alice.[S2]And I'm Bob." in prompt.text
+        starts = np.flatnonzero(prompt.rows[:, 0] == info.audio_start_token_id)
+        assert len(starts) == 3  # both clips, then their join that the answer continues
+    assert result.profile.prefix_rows > 0  # chunks 3.. restored chunk 2's beginning
+    assert result.waveform.size > 0
+
+
+def test_a_streamed_dialogue_sounds_as_the_whole_one(built, tmp_path: Path) -> None:
+    """The answer continues the speakers' joined clips: streamed, each window is decoded
+    after them (and they are cut off) as the whole decode does, so the two agree."""
+    from moss_gguf_cli.tts import Speaker, SynthConfig, Synthesizer
+
+    out, _ = built["tiny-ttsd"]
+    alice, bob = _clip(tmp_path / "a.wav", 220, 1.0), _clip(tmp_path / "b.wav", 330, 0.5)
+    speakers = [Speaker("Hi, I'm Alice.", alice), Speaker("And I'm Bob.", bob)]
+    text = "[S1] Did you hear? [S2] I did. [S1] And?"
+    with Synthesizer(SynthConfig.from_yaml(out / "moss-tts.yaml")) as tts:
+        whole = tts.synthesize(text, speakers=speakers, max_new_tokens=60, seed=1)
+        streamed = np.concatenate(list(tts.stream(text, speakers=speakers, max_new_tokens=60,
+                                                  seed=1)))  # fmt: skip
+    assert whole.chunks[0].prompt.continuation_frames > 0
+    assert streamed.size == whole.waveform.size > 0
+    scale = np.dot(streamed, whole.waveform) / np.dot(whole.waveform, whole.waveform)
+    assert np.allclose(streamed, scale * whole.waveform, atol=2e-3)
+
+
 def test_ttsd_refuses_what_it_cannot_speak_in_one_line(built, tmp_path: Path) -> None:
     out, _ = built["tiny-ttsd"]
     clip = _clip(tmp_path / "a.wav", 220, 0.5)

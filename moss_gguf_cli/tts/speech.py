@@ -264,7 +264,7 @@ class Speech:
                                     reference_codes=self.voice, **self.options)  # fmt: skip
         chunk.report.prompt = run.prompt
         if self.on_audio is not None:
-            chunk.chunker = self.tts.chunker(self.window)
+            chunk.chunker = self.tts.chunker(self.window, run.prompt.continuation_codes)
             chunk.chunker.gain = np.float32(1.0)  # raw audio: the one gain is applied at sending
 
         def on_row(row: np.ndarray) -> None:

@@ -87,8 +87,12 @@ class FrameAssembler:
 class WindowDecoder:
     """One segment's frames in; its audio out in windows equal to the whole decode's."""
 
-    def __init__(self, codec: AudioCodec, reach: ReceptiveField, settings: StreamSettings):
+    def __init__(self, codec: AudioCodec, reach: ReceptiveField, settings: StreamSettings,
+                 context: np.ndarray | None = None):  # fmt: skip
         self.codec, self.reach, self.settings = codec, reach, settings
+        # the audio the first segment continues (a TTSD dialogue's joined clips): decoded
+        # before its windows and cut off, as the whole decode does (Synthesizer.decode_raw)
+        self.context = None if context is None or not len(context) else np.asarray(context)
         self.segments: list[np.ndarray] = []  # the frames of every finished segment
         self.decode_s = 0.0
         self._codes: list[np.ndarray] = []
@@ -116,13 +120,19 @@ class WindowDecoder:
         return audio
 
     def _decode(self, stop: int) -> np.ndarray:
+        frames = np.stack(self._codes)
+        before = 0  # context frames in front of the segment's (its first segment only)
+        if self.context is not None and not self.segments:
+            before = self.context.shape[0]
+            frames = np.concatenate([self.context, frames])
         left = self.reach.left
-        start = 0 if left is None else max(0, self._emitted - left)
-        end = min(len(self._codes), stop + self.reach.right)
+        start = 0 if left is None else max(0, before + self._emitted - left)
+        end = min(frames.shape[0], before + stop + self.reach.right)
         t0 = time.perf_counter()
-        audio = self.codec.decode(np.stack(self._codes[start:end]))
+        audio = self.codec.decode(frames[start:end])
         self.decode_s += time.perf_counter() - t0
-        out = audio[(self._emitted - start) * FRAME_SAMPLES : (stop - start) * FRAME_SAMPLES]
+        cut = before - start
+        out = audio[(cut + self._emitted) * FRAME_SAMPLES : (cut + stop) * FRAME_SAMPLES]
         self._emitted = stop
         self._chunks += 1
         return out

@@ -341,11 +341,14 @@ class Synthesizer:
                 pieces.append(self.codec.decode(segment))
         return np.concatenate(pieces)
 
-    def chunker(self, window: StreamSettings | None = None) -> Chunker:
-        """What turns one utterance's rows into its streamed chunks (tts/speech.py)."""
+    def chunker(self, window: StreamSettings | None = None,
+                context: np.ndarray | None = None) -> Chunker:  # fmt: skip
+        """What turns one utterance's rows into its streamed chunks (tts/speech.py);
+        CONTEXT as `decode_raw`'s."""
         assert self.codec is not None
         return Chunker(
-            WindowDecoder(self.codec, self.receptive_field(), window or StreamSettings()),
+            WindowDecoder(self.codec, self.receptive_field(), window or StreamSettings(),
+                          context),  # fmt: skip
             FrameAssembler(self.info.n_vq, self.info.audio_pad_code),
         )
 
