@@ -301,6 +301,28 @@ def _metric(url: str, name: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
+def test_serve_requests_that_begin_alike_prefill_their_beginning_once(server):
+    """Requests with the same voice and fields begin alike: the server prefills that
+    beginning once and restores it after (/metrics counts the rows); a request then gives
+    the same bytes whether its beginning was computed or restored."""
+    body = {"model": "moss-tts", "voice": "default", "response_format": "pcm", "seed": 4,
+            "text_temperature": 0, "audio_temperature": 0, "max_new_tokens": 36}  # fmt: skip
+    name = 'moss_gguf_prompt_rows_total{prefill="%s"}'
+    replies = []
+    for text in ("The harbour was quiet.", "The nets were dry.", "The harbour was quiet."):
+        before = {k: _metric(server.url, re.escape(name % k)) for k in ("computed", "restored")}
+        reply = httpx.post(f"{server.url}/v1/audio/speech", json={**body, "input": text},
+                           timeout=600)  # fmt: skip
+        assert reply.status_code == 200, reply.text
+        replies.append(reply.content)
+        after = {k: _metric(server.url, re.escape(name % k)) for k in ("computed", "restored")}
+        computed = after["computed"] - before["computed"]
+        restored = after["restored"] - before["restored"]
+        assert computed > 0
+    assert restored > computed  # the beginning (system, fields, "- Text:") outweighs the text
+    assert replies[0] == replies[2] and len(replies[0]) > 0
+
+
 def test_serve_speaks_a_long_input_in_chunks_in_order(server):
     body = {"model": "moss-tts", "input": EN, "voice": "default", "response_format": "pcm",
             "stream_format": "sse", "seed": 3, "max_new_tokens": 36}  # fmt: skip

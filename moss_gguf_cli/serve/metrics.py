@@ -14,6 +14,8 @@
 - moss_gguf_text_chunks_total                   chunks long inputs were spoken in (tts/speech.py)
 - moss_gguf_runaway_chunks_total                chunks that reached their step budget without
                                                 ending, their retry included (audio may be cut)
+- moss_gguf_prompt_rows_total{prefill}          prompt rows fed to the backbone: "computed", or
+                                                "restored" from a beginning another prompt shared
 """
 
 from __future__ import annotations
@@ -83,6 +85,11 @@ class Metrics:
             "Chunks that reached their step budget without ending, retry included.",
             registry=r,
         )  # fmt: skip
+        self.prompt_rows = Counter(
+            "moss_gguf_prompt_rows",
+            "Prompt rows, computed or restored from a beginning another prompt shared.",
+            ["prefill"], registry=r,
+        )  # fmt: skip
         self.frames_per_second = Gauge(
             "moss_gguf_generation_frames_per_second",
             "Audio frames per second of generation, last request.",
@@ -104,6 +111,8 @@ class Metrics:
         self.generation_seconds.inc(generation)
         self.chunks.inc(profile.chunks)
         self.runaways.inc(profile.runaways)
+        self.prompt_rows.labels("computed").inc(profile.prompt_rows - profile.prefix_rows)
+        self.prompt_rows.labels("restored").inc(profile.prefix_rows)
         if generation > 0:
             self.frames_per_second.set(profile.frames / generation)
 

@@ -158,7 +158,8 @@ class Scheduler:
 
     async def speak(self, job: SpeechJob) -> SynthResult:
         def begin(tts: Synthesizer, watch: NullProgress) -> Speech:
-            return tts.speech(job.text, watch, retries=self.retries, **job.options())
+            return tts.speech(job.text, watch, retries=self.retries, share_first=True,
+                              **job.options())  # fmt: skip
 
         def end(tts: Synthesizer, speech: Speech) -> SynthResult:
             return tts.speech_result(speech)
@@ -181,7 +182,7 @@ class Scheduler:
                 stream.put(Delta(audio, index + 1, len(speech.chunks), list(speech.runaways)))
 
             made.append(tts.speech(job.text, watch, on_audio=on_audio, retries=self.retries,
-                                   **job.options()))  # fmt: skip
+                                   share_first=True, **job.options()))  # fmt: skip
             return made[0]
 
         def end(tts: Synthesizer, speech: Speech) -> SynthResult:

@@ -188,8 +188,10 @@ class Speech:
     def __init__(self, tts: Any, plan: SpeechPlan, options: dict[str, Any],
                  progress: ProgressReporter,
                  on_audio: Callable[[np.ndarray, int], None] | None = None,
-                 retries: int = RETRIES, window: Any = None):  # fmt: skip
+                 retries: int = RETRIES, window: Any = None,
+                 share_first: bool = False):  # fmt: skip
         self.tts, self.plan, self.options = tts, plan, dict(options)
+        self.share_first = share_first  # chunk 1 too may restore a beginning (a server)
         self.window = window  # streaming: the StreamSettings of every chunk's Chunker
         self.progress, self.on_audio, self.retries = progress, on_audio, retries
         self.voice: np.ndarray | None = self.options.pop("reference_codes", None)
@@ -276,8 +278,9 @@ class Speech:
 
         u = Utterance(run, self.progress, on_row)
         # chunks 2..n begin alike (their voice; only the text differs): prefilled once. Not
-        # chunk 1, whose prompt stays fed whole, as a one-chunk request's is (upstream's bits)
-        u.shares_prefix = index > 0
+        # chunk 1, whose prompt stays fed whole as upstream feeds it, unless SHARE_FIRST: a
+        # server's requests with the same voice and fields begin alike too
+        u.shares_prefix = index > 0 or self.share_first
         self.running[id(u)] = (u, index)
         return u
 

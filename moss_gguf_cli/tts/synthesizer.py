@@ -259,9 +259,10 @@ class Synthesizer:
     def speech(self, text: str, progress: ProgressReporter | None = None,
                on_audio: Callable[[np.ndarray, int], None] | None = None,
                window: StreamSettings | None = None, retries: int = RETRIES,
-               **options: Any) -> Speech:  # fmt: skip
+               share_first: bool = False, **options: Any) -> Speech:  # fmt: skip
         """TEXT planned into chunks, ready to drive (`drive`, or the server's worker); a
-        reference given as audio is encoded once here for every chunk."""
+        reference given as audio is encoded once here for every chunk. SHARE_FIRST: chunk 1
+        may restore a beginning an earlier prompt left in the engine (a server's requests)."""
         if self.backbone is None or self.codec is None:
             raise InputError("the synthesizer is closed")
         options = dict(options)
@@ -275,7 +276,8 @@ class Synthesizer:
         plan = self.plan(text, **options)
         for key in ("max_new_tokens", "normalize"):
             options.pop(key, None)
-        return Speech(self, plan, options, ensure(progress), on_audio, retries, window)
+        return Speech(self, plan, options, ensure(progress), on_audio, retries, window,
+                      share_first)  # fmt: skip
 
     def plan(self, text: str, **options: Any) -> SpeechPlan:
         """TEXT's chunks, prompts and budgets (`synth --dry-run` shows them)."""
