@@ -118,6 +118,24 @@ def test_windows_with_the_measured_context_equal_the_whole_decode(tmp_path, sett
     assert np.max(np.abs(blind - whole)) > 100 * TOLERANCE
 
 
+def test_windows_after_a_context_equal_the_whole_decode_after_it(tmp_path):
+    """A continuation (a TTSD dialogue continues its speakers' joined clips): each window is
+    decoded after the context frames and they are cut off, as Synthesizer.decode_raw does;
+    without the context the first windows are wrong."""
+    codec = AudioCodec(causal_decoder(tmp_path / "causal.onnx"), n_vq=32)
+    rng = np.random.default_rng(5)
+    context, codes = rng.integers(0, 1024, size=(6, 32)), rng.integers(0, 1024, size=(13, 32))
+    whole = codec.decode(np.concatenate([context, codes]))[context.shape[0] * FRAME_SAMPLES :]
+    reach, settings = probe_receptive_field(codec, 1024), StreamSettings(1, 3)
+    decoder = WindowDecoder(codec, reach, settings, context)
+    chunks = [decoder.push(frame) for frame in codes] + [decoder.end_segment()]
+    streamed = np.concatenate([c for c in chunks if c is not None])
+    assert streamed.shape == whole.shape
+    assert np.max(np.abs(streamed - whole)) <= TOLERANCE
+    blind = np.concatenate(stream_decode(codec, reach, codes, settings))
+    assert np.max(np.abs(blind - whole)) > 100 * TOLERANCE
+
+
 def test_stream_equals_synthesize(tts):
     whole = tts.synthesize("Streaming, one window at a time.", seed=1, sampling=GREEDY)
     # the random tiny model speaks a few frames only: one-frame windows

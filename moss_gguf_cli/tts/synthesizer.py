@@ -284,6 +284,8 @@ class Synthesizer:
         assert self.backbone is not None
         codes = options.get("reference_codes")
         frames = None if codes is None else int(np.asarray(codes).shape[0])
+        if options.get("speakers"):  # a dialogue: every chunk holds every speaker's clip
+            frames = _dialogue_frames(options["speakers"], self.info.n_vq)
         return _plan(self.tokenizer, self.info, self.backbone.n_ctx, self.config, text,
                      options, frames)  # fmt: skip
 
@@ -564,6 +566,24 @@ def plan_text(config: SynthConfig, text: str | None, reference: str | Path | Non
         samples = read_reference(Path(reference)).size
         frames = max(1, -(-samples // FRAME_SAMPLES))
     return _plan(tokenizer, info, config.n_ctx, config, text, options, frames)
+
+
+def _dialogue_frames(speakers: Sequence[Speaker], n_vq: int) -> int:
+    """What a dialogue's voices add to each prompt, as the frames of one reference that
+    takes at least as many rows (the plan measures prompts with one): each clip as its
+    speaker's reference (a delay pattern's n_vq - 1 rows more for each after the first),
+    all of them again, joined, as the audio the answer continues, and their transcripts
+    (a character for a token: a bound)."""
+    total = (len(speakers) - 1) * (n_vq - 1) + sum(len(s.text or "") for s in speakers)
+    for speaker in speakers:
+        if speaker.codes is not None:
+            total += 2 * int(np.asarray(speaker.codes).shape[0])
+        elif speaker.reference is not None:
+            wav = (read_reference(Path(speaker.reference), loudness=False)
+                   if isinstance(speaker.reference, (str, Path))
+                   else np.asarray(speaker.reference).reshape(-1))  # fmt: skip
+            total += 2 * max(1, -(-wav.size // FRAME_SAMPLES))
+    return total
 
 
 def batch_width(plan: SpeechPlan, most: int) -> int:
