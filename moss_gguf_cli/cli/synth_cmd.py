@@ -135,7 +135,8 @@ def synth_command(
         str | None, typer.Option(help="auto, enabled or disabled.")
     ] = None,
     threads: Annotated[
-        int | None, typer.Option("--threads", "--n-threads", help="CPU threads (0 = the physical cores, the default).")
+        int | None,
+        typer.Option("--threads", "--n-threads", help="CPU threads (0: the physical cores)."),
     ] = None,
     low_memory: Annotated[
         bool, typer.Option("--low-memory", help="Upstream's low-memory mode (accepted).")
