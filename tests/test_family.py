@@ -257,8 +257,12 @@ def test_a_long_dialogue_is_split_at_speaker_turns_each_chunk_with_both_clips(
              for i in range(24)]  # fmt: skip
     speakers = [Speaker("Hi, I'm Alice.", alice), Speaker("And I'm Bob.", bob)]
     with Synthesizer(SynthConfig.from_yaml(out / "moss-tts.yaml"), max_batch=2) as tts:
+        encodes = []
+        encode = tts.codec.encode
+        tts.codec.encode = lambda wav: encodes.append(1) or encode(wav)  # counts the real one
         result = tts.synthesize(" ".join(turns), speakers=speakers, max_new_tokens=24, seed=3)
         info = tts.info
+    assert len(encodes) == 3  # each clip and their join, once for the request, not per chunk
     chunks = result.plan.chunks
     assert len(chunks) >= 3 and result.plan.voice == "reference"  # the callers' clips
     assert "".join(c.text + c.gap for c in chunks) == result.plan.text

@@ -335,21 +335,20 @@ class Backbone:
         for start in range(0, embeds.shape[0], self.n_batch):
             self._decode(embeds[start : start + self.n_batch], want_output=False, seq=seq)
 
-    def save(self, seq: int) -> bytes:
+    def save(self, seq: int) -> ctypes.Array:
         """SEQ's KV cache as llama.cpp serialises a sequence (`llama_state_seq_get_data`)."""
         lc = self._lc
         size = lc.llama_state_seq_get_size(self._ctx, seq)
-        buffer = (ctypes.c_uint8 * size)()
-        got = lc.llama_state_seq_get_data(self._ctx, buffer, size, seq)
+        state = (ctypes.c_uint8 * size)()
+        got = lc.llama_state_seq_get_data(self._ctx, state, size, seq)
         if got != size:
             raise ToolError(f"llama.cpp saved {got} of {size} bytes of a sequence")
-        return bytes(buffer)
+        return state
 
-    def load(self, seq: int, state: bytes, rows: int) -> None:
+    def load(self, seq: int, state: ctypes.Array, rows: int) -> None:
         """SEQ's KV cache (cleared first) from `save`'s STATE, which holds ROWS rows."""
         self.reset(seq)
-        buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
-        if self._lc.llama_state_seq_set_data(self._ctx, buffer, len(state), seq) == 0:
+        if self._lc.llama_state_seq_set_data(self._ctx, state, len(state), seq) == 0:
             raise ToolError(f"llama.cpp could not restore a sequence: {_last_error()}",
                             hint="raise n_ctx")  # fmt: skip
         self._past[seq] = rows

@@ -25,6 +25,7 @@ state and `TextHead` (tts/text_head.py) gives the logits of those ids alone.
 
 from __future__ import annotations
 
+import ctypes
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -179,7 +180,7 @@ class Engine:
         self.active: list[Utterance] = []
         # the beginning of the prompt last shared (its rows, llama.cpp's KV of them): the
         # chunks of one request that carry one voice prefill it once (Utterance.shares_prefix)
-        self._prefix: tuple[np.ndarray, bytes] | None = None
+        self._prefix: tuple[np.ndarray, ctypes.Array] | None = None
         # monotonic time of the last finished step or prefill: a watchdog tells a long step
         # from a wedged engine by it (serve/scheduler.py, /health)
         self.last_progress = time.monotonic()

@@ -261,7 +261,8 @@ class Synthesizer:
                window: StreamSettings | None = None, retries: int = RETRIES,
                share_first: bool = False, **options: Any) -> Speech:  # fmt: skip
         """TEXT planned into chunks, ready to drive (`drive`, or the server's worker); a
-        reference given as audio is encoded once here for every chunk. SHARE_FIRST: chunk 1
+        reference given as audio (a dialogue's clips) is encoded once here for every chunk.
+        SHARE_FIRST: chunk 1
         may restore a beginning an earlier prompt left in the engine (a server's requests)."""
         if self.backbone is None or self.codec is None:
             raise InputError("the synthesizer is closed")
@@ -269,6 +270,8 @@ class Synthesizer:
         reference = options.pop("reference", None)
         if reference is not None and options.get("reference_codes") is None:
             options["reference_codes"] = self.encode_reference(reference)
+        if options.get("speakers") and self.info.variant == "MOSS-TTSD":
+            options["dialogue_voices"] = self._dialogue_voices(None, options["speakers"])
         self._sampling_config(options.get("sampling"))  # bad keys: refused before any work
         if self.info.variant == "MOSS-SoundEffect" and (text is None or not text.strip()):
             # the sound alone: planned as the text, which `prepare` makes Text None again
@@ -284,8 +287,9 @@ class Synthesizer:
         assert self.backbone is not None
         codes = options.get("reference_codes")
         frames = None if codes is None else int(np.asarray(codes).shape[0])
-        if options.get("speakers"):  # a dialogue: every chunk holds every speaker's clip
-            frames = _dialogue_frames(options["speakers"], self.info.n_vq)
+        voices = options.get("dialogue_voices")
+        if voices is not None:  # a dialogue: every chunk holds every speaker's clip
+            frames = _dialogue_frames(voices, options["speakers"], self.info.n_vq)
         return _plan(self.tokenizer, self.info, self.backbone.n_ctx, self.config, text,
                      options, frames)  # fmt: skip
 
@@ -380,12 +384,14 @@ class Synthesizer:
         normalize: bool = True,
         sampling: dict[str, float] | None = None,
         speakers: Sequence[Speaker] | None = None,
+        dialogue_voices: _Voices | None = None,
     ) -> Run:
         """What one utterance starts from: its prompt, step budget and sampler.
 
         MOSS-TTSD: TEXT is a ``[S1]… [S2]…`` dialogue and SPEAKERS a clip and transcript per
-        speaker, in order. MOSS-SoundEffect: TEXT is the sound to make (its ambient sound),
-        unless AMBIENT_SOUND is given."""
+        speaker, in order (DIALOGUE_VOICES: their clips encoded already, by `speech`).
+        MOSS-SoundEffect: TEXT is the sound to make (its ambient sound), unless AMBIENT_SOUND
+        is given."""
         if self.backbone is None or self.codec is None:
             raise InputError("the synthesizer is closed")
         sampler_config = self._sampling_config(sampling)
@@ -393,7 +399,8 @@ class Synthesizer:
         t_start = time.perf_counter()
         if self.info.variant == "MOSS-SoundEffect" and ambient_sound is None and not sound_event:
             text, ambient_sound = None, text  # upstream: Text None, the sound described
-        voices = self._voices(text, reference, reference_codes, speakers, normalize, profile)
+        voices = self._voices(text, reference, reference_codes, speakers, normalize, profile,
+                              dialogue_voices)  # fmt: skip
         fields = PromptFields(
             text=voices.text,
             instruction=instruction,
@@ -416,6 +423,7 @@ class Synthesizer:
         speakers: Sequence[Speaker] | None,
         normalize: bool,
         profile: SynthProfile,
+        encoded: _Voices | None = None,
     ) -> _Voices:
         """The text field and the voices' codes (clips encoded here, timed in PROFILE)."""
         ttsd = self.info.variant == "MOSS-TTSD"
@@ -441,12 +449,14 @@ class Synthesizer:
             text = normalize_text(text)
         voices = _Voices(text)
         if speakers:
-            voices = self._dialogue_voices(text, speakers)
+            voices = (self._dialogue_voices(text, speakers) if encoded is None
+                      else replace(encoded, text=text))  # fmt: skip
         elif reference is not None or reference_codes is not None:
             if reference_codes is None:
                 reference_codes = self.encode_reference(reference)
             voices = _Voices(text, [reference_codes])
-        if reference is not None or any(s.reference is not None for s in speakers or []):
+        if reference is not None or (encoded is None and any(s.reference is not None
+                                                             for s in speakers or [])):
             profile.reference_s = time.perf_counter() - t0
         return voices
 
@@ -568,22 +578,16 @@ def plan_text(config: SynthConfig, text: str | None, reference: str | Path | Non
     return _plan(tokenizer, info, config.n_ctx, config, text, options, frames)
 
 
-def _dialogue_frames(speakers: Sequence[Speaker], n_vq: int) -> int:
+def _dialogue_frames(voices: _Voices, speakers: Sequence[Speaker], n_vq: int) -> int:
     """What a dialogue's voices add to each prompt, as the frames of one reference that
     takes at least as many rows (the plan measures prompts with one): each clip as its
     speaker's reference (a delay pattern's n_vq - 1 rows more for each after the first),
-    all of them again, joined, as the audio the answer continues, and their transcripts
-    (a character for a token: a bound)."""
-    total = (len(speakers) - 1) * (n_vq - 1) + sum(len(s.text or "") for s in speakers)
-    for speaker in speakers:
-        if speaker.codes is not None:
-            total += 2 * int(np.asarray(speaker.codes).shape[0])
-        elif speaker.reference is not None:
-            wav = (read_reference(Path(speaker.reference), loudness=False)
-                   if isinstance(speaker.reference, (str, Path))
-                   else np.asarray(speaker.reference).reshape(-1))  # fmt: skip
-            total += 2 * max(1, -(-wav.size // FRAME_SAMPLES))
-    return total
+    their join as the audio the answer continues, and the transcripts (a character for a
+    token: a bound)."""
+    clips = voices.speakers or []
+    joined = 0 if voices.continuation is None else int(voices.continuation.shape[0])
+    return (sum(int(c.shape[0]) for c in clips) + joined + (len(clips) - 1) * (n_vq - 1)
+            + sum(len(s.text or "") for s in speakers))  # fmt: skip
 
 
 def batch_width(plan: SpeechPlan, most: int) -> int:
