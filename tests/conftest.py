@@ -200,3 +200,23 @@ def reference_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("ref") / "voice.wav"
     sf.write(path, np.stack([wav, wav * 0.8], axis=1), 16000)
     return path
+
+
+def assert_speak_alike(folders, text: str) -> None:
+    """The folders speak TEXT greedily with the same rows and the same waveform."""
+    import numpy as np
+
+    from moss_gguf_cli.tts import SynthConfig, Synthesizer
+
+    results = []
+    for folder in folders:
+        config = SynthConfig.from_yaml(folder / "moss-tts.yaml").override(
+            text_temperature=0.0, audio_temperature=0.0, max_new_tokens=60
+        )
+        with Synthesizer(config) as tts:
+            results.append(tts.synthesize(text))
+    first = results[0]
+    assert first.rows.size > 0 and first.waveform.size > 0
+    for other in results[1:]:
+        np.testing.assert_array_equal(first.rows, other.rows)
+        np.testing.assert_array_equal(first.waveform, other.waveform)

@@ -13,14 +13,13 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
+from conftest import assert_speak_alike
 from test_delay_gguf import GOLDEN, cli
 from tokenizers import Tokenizer
 
 from moss_gguf_cli.disk.digests import sha256_file
 from moss_gguf_cli.source.tiny_codec import write_tiny_codec
-from moss_gguf_cli.tts import SynthConfig, Synthesizer
 
 TEXTS = [
     "Hello, world! It's 12:30 — 3.14159…",
@@ -89,14 +88,4 @@ def test_it_speaks_as_with_the_checkpoints_tokenizer_beside_it(
     assert sha256_file(from_bare / "backbone_f16.gguf") == sha256_file(
         with_tokenizer / "backbone_f16.gguf"
     )
-    results = []
-    for folder in (with_tokenizer, from_bare):
-        config = SynthConfig.from_yaml(folder / "moss-tts.yaml").override(
-            text_temperature=0.0, audio_temperature=0.0, max_new_tokens=60
-        )
-        with Synthesizer(config) as tts:
-            results.append(tts.synthesize("Read back, alone. 你好！"))
-    a, b = results
-    assert a.rows.size > 0 and a.waveform.size > 0
-    np.testing.assert_array_equal(a.rows, b.rows)
-    np.testing.assert_array_equal(a.waveform, b.waveform)
+    assert_speak_alike((with_tokenizer, from_bare), "Read back, alone. 你好！")

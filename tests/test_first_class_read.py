@@ -18,12 +18,12 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from conftest import assert_speak_alike
 from test_delay_gguf import _damage, cli
 from test_hub_weights import add_repo, files_of, run
 
 from moss_gguf_cli.source.audio_tokenizer import DEFAULT_REPO
 from moss_gguf_cli.source.tiny_codec import write_tiny_codec
-from moss_gguf_cli.tts import SynthConfig, Synthesizer
 
 # the one header difference from `convert`: the fork's converter takes the special token ids
 # from the MOSS config.json, which has no bos_token_id (add_bos_token is false: never used)
@@ -92,17 +92,7 @@ def test_round_trip_speaks_the_same_greedy_audio(
     direct = tmp_path_factory.mktemp("direct") / "w"
     done = cli("all", "--model", "builtin:tiny", "--quant", "F16", "--output", str(direct), "-q")
     assert done.returncode == 0, done.stderr
-    results = []
-    for folder in (direct, round_trip):
-        config = SynthConfig.from_yaml(folder / "moss-tts.yaml").override(
-            text_temperature=0.0, audio_temperature=0.0, max_new_tokens=60
-        )
-        with Synthesizer(config) as tts:
-            results.append(tts.synthesize("Round trip, please."))
-    a, b = results
-    assert a.rows.size > 0 and a.waveform.size > 0
-    np.testing.assert_array_equal(a.rows, b.rows)
-    np.testing.assert_array_equal(a.waveform, b.waveform)
+    assert_speak_alike((direct, round_trip), "Round trip, please.")
 
 
 def test_a_quantized_file_gives_its_dequantized_tables(first_class: Path, tmp_path: Path) -> None:
