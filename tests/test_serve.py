@@ -46,6 +46,10 @@ class Server:
     def text(self) -> str:
         return self.log.read_text(encoding="utf-8", errors="replace")
 
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
     def stop(self, sig: int = signal.SIGTERM) -> int:
         """Send SIG; the exit status, which must come within seconds."""
         self.proc.send_signal(sig)
@@ -372,7 +376,7 @@ def test_a_client_that_leaves_frees_the_worker(server, http):
     body = json.dumps({"model": "moss-tts", "input": TEXT, "max_new_tokens": 2000}).encode()
     host, port = server.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as raw:
-        raw.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: test\r\n"
+        raw.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                     b"Content-Type: application/json\r\nAuthorization: Bearer " + KEY.encode()
                     + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)  # fmt: skip
         deadline = time.monotonic() + TIMEOUT

@@ -22,6 +22,7 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select, WebDriverWait
 from test_serve import KEY, TIMEOUT, start_serve
 from test_serve_stream import metric
@@ -33,6 +34,7 @@ TEXT = "The page speaks while the server is still making the rest of the sound."
 # default here is long enough that the stream lasts well past its first delta on any machine,
 # so "it played before the response ended" is a margin of seconds, not a race.
 MAX_NEW_TOKENS = 120
+EVIL = "evil.example"
 # the browser's own pages (its first blank tab), which never reach a network
 BROWSER_OWN = ("chrome://", "chrome-untrusted://", "about:")
 DATA_TESTIDS = ("text", "voice", "language", "speak", "audio", "status", "voice-file",
@@ -76,6 +78,8 @@ def browser(tmp_path_factory):
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                 "--window-size=1000,1400", "--autoplay-policy=no-user-gesture-required",
                 "--no-first-run", "--disable-background-networking", "--disable-sync",
+                # a rebinding site's name, resolved to the server's address (issue #45)
+                f"--host-resolver-rules=MAP {EVIL} 127.0.0.1",
                 f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):  # fmt: skip
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
@@ -247,6 +251,50 @@ def test_voice_registered_listed_then_deleted(page, reference_wav, http):
     wait(page, lambda d: "page-voice" not in by_id(d, "voice-list").text)
     assert status(page) == "Voice page-voice deleted."
     assert http.get("/v1/audio/voices").json()["data"] == []
+
+
+def test_an_existing_voice_is_replaced_only_after_asking(page, reference_wav, http):
+    def register_from_page(text: str) -> None:
+        by_id(page, "voice-file").send_keys(str(reference_wav))
+        for testid, value in (("voice-name", "twice"), ("voice-text", text)):
+            by_id(page, testid).clear()
+            by_id(page, testid).send_keys(value)
+        by_id(page, "voice-add").click()
+
+    with open(reference_wav, "rb") as fh:
+        assert http.post("/v1/audio/voices", data={"name": "twice", "text": "first"},
+                         files={"file": ("v.wav", fh)}).status_code == 200  # fmt: skip
+    register_from_page("second")
+    alert = wait(page, expected_conditions.alert_is_present())  # after the server's 409
+    assert "twice exists" in alert.text
+    alert.dismiss()
+    wait(page, lambda d: status(d) == "Voice twice kept as it was.")
+    texts = lambda: {v["name"]: v["text"] for v in http.get("/v1/audio/voices").json()["data"]}  # noqa: E731
+    assert texts()["twice"] == "first"
+    register_from_page("second")
+    wait(page, expected_conditions.alert_is_present()).accept()
+    wait(page, lambda d: status(d) == "Voice twice registered and selected.")
+    assert texts()["twice"] == "second"
+    assert http.delete("/v1/audio/voices/twice").status_code == 200
+
+
+def test_a_page_of_a_rebinding_site_is_refused(browser, server):
+    """The page loaded as http://evil.example:PORT/ (a name resolved to 127.0.0.1): the
+    server answers only its own names, so the page and its API calls get 403."""
+    own = browser.current_window_handle
+    browser.switch_to.new_window("tab")  # the module's page stays loaded in its own tab
+    try:
+        browser.get(f"http://{EVIL}:{server.port}/")
+        text = browser.find_element(By.TAG_NAME, "body").text
+        assert "host_not_allowed" in text and EVIL in text, text[:300]
+        assert not browser.find_elements(By.CSS_SELECTOR, '[data-testid="speak"]')
+        browser.get(f"http://{EVIL}:{server.port}/v1/audio/voices")
+        assert "host_not_allowed" in browser.find_element(By.TAG_NAME, "body").text
+        browser.get(f"http://localhost:{server.port}/")  # the loopback name is answered
+        assert browser.find_elements(By.CSS_SELECTOR, '[data-testid="speak"]')
+    finally:
+        browser.close()
+        browser.switch_to.window(own)
 
 
 def test_a_refused_voice_shows_the_servers_error(page, http):

@@ -37,9 +37,14 @@ EXAMPLES = """
       -d '{"model": "moss-tts", "input": "Hello", "voice": "default", "response_format": "wav"}' \\
       -o hello.wav
 
+  # behind a reverse proxy that forwards Host: tts.example.org
+  moss-gguf serve --config weights/moss-tts.yaml --allowed-hosts tts.example.org
+
 Binding anything but 127.0.0.1 / localhost needs --api-key (or $MOSS_GGUF_API_KEY); clients
 then send 'Authorization: Bearer KEY' to /v1, as OpenAI clients do (/health and /metrics stay
-open). Limits and ranges: docs/serve-limits.md. Ctrl+C (or SIGTERM) stops it.
+open). Only the loopback names, --host and --allowed-hosts are answered as Host (DNS
+rebinding), and another site's page cannot change state (voices, speech). Limits and ranges:
+docs/serve-limits.md. Ctrl+C (or SIGTERM) stops it.
 """
 
 
@@ -98,6 +103,16 @@ def serve_command(
             "batched (llama.cpp's weights not repacked); fixed: always --max-batch wide."
         ),
     ] = "served",
+    allowed_hosts: Annotated[
+        str,
+        typer.Option(
+            help="Host names answered besides the loopback ones and --host, comma-separated "
+            "(a reverse proxy's or LAN name); '*' answers any (no DNS-rebinding check)."
+        ),
+    ] = "",
+    max_voices: Annotated[
+        int, typer.Option(help="Voices the store may hold; registering one more gets 409.")
+    ] = 100,
     quiet: Quiet = False,
     verbose: Verbose = False,
 ) -> None:
@@ -107,6 +122,8 @@ def serve_command(
         config=config, host=host, port=port, api_key=api_key, voices=voices,
         max_queue=max_queue, max_batch=max_batch, stall_timeout=stall_timeout,
         runaway_retries=runaway_retries, batch_width=batch_width,
+        allowed_hosts=tuple(h.strip() for h in allowed_hosts.split(",") if h.strip()),
+        max_voices=max_voices,
     )  # fmt: skip
     settings.check()  # before the imports and the model: a refused binding costs nothing
     run_server = _server()

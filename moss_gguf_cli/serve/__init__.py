@@ -7,6 +7,8 @@ What lives here:
 - failures.py   what a failed job answers: 4xx naming the field the request got wrong, else 500
 - schemas.py    the request bodies (pydantic), named as OpenAI's fields and the synth YAML's keys
 - audio.py      waveform → wav / pcm / flac / mp3 / opus / aac bytes; tempo change for `speed`
+- origins.py    which Host and Origin a request may carry (DNS rebinding, cross-site forms):
+                the outermost layer, before anything else reads a request
 - voices.py     VoiceStore: reference voices as codes on disk (atomic writes, checked names)
 - scheduler.py  Scheduler: owns the Synthesizer, a bounded queue and the one worker thread
                 that runs jobs in order (the synthesizer is not thread-safe); routes submit

@@ -11,12 +11,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from starlette.responses import JSONResponse
+
 TYPES = {
     400: "invalid_request_error",
     401: "invalid_request_error",
+    403: "invalid_request_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    409: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     503: "server_error",
     500: "server_error",
@@ -42,6 +47,10 @@ class ApiError(Exception):
                 "code": self.code,
             }
         }
+
+
+def error_response(exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
 
 
 class Stalled(ApiError):

@@ -37,8 +37,9 @@ from ..tts.codec import FRAME_SAMPLES
 from ..tts.language import language_name, languages
 from ..tts.prompt import SPEAKER_TAG
 from . import audio
-from .api_errors import ApiError
+from .api_errors import ApiError, error_response
 from .metrics import CONTENT_TYPE, Metrics
+from .origins import Gate, HostPolicy
 from .scheduler import Scheduler, SpeechJob
 from .schemas import SpeechRequest, parse_speech, validation_error
 from .settings import (
@@ -151,17 +152,16 @@ def create_app(service: Service) -> _Guard:
         yield
         await run_in_threadpool(service.scheduler.close, 3.0)
 
-    app = FastAPI(title="moss-gguf", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # no trailing-slash redirects: Starlette builds their Location from the Host header
+    app = FastAPI(title="moss-gguf", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  redirect_slashes=False)  # fmt: skip
     app.state.service = service
     _errors(app)
     _middleware(app, service)
     _speech_routes(app, service)
     _voice_routes(app, service)
-    return _Guard(with_page(app, key_required=bool(service.settings.api_key)))
-
-
-def error_response(exc: ApiError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+    policy = HostPolicy.make(service.settings.host, service.settings.allowed_hosts)
+    return Gate(_Guard(with_page(app, key_required=bool(service.settings.api_key))), policy)
 
 
 def _errors(app: FastAPI) -> None:
@@ -228,7 +228,9 @@ def _authorized(header: str, key: str) -> bool:
 def _speech_routes(app: FastAPI, service: Service) -> None:
     @app.post("/v1/audio/speech")
     async def speech(request: Request) -> Response:
-        body = parse_speech(await request.body())  # bounded by _Guard
+        raw = await request.body()  # bounded by _Guard: an oversized body is a 413 first
+        _json_only(request.headers.get("content-type"))
+        body = parse_speech(raw)
         job = service.speech_job(body)
         if wants_stream(body):
             return await stream_speech(request, body, job, service.scheduler, service.rate,
@@ -259,6 +261,16 @@ def _speech_routes(app: FastAPI, service: Service) -> None:
         return Response(service.metrics.render(), media_type=CONTENT_TYPE)
 
 
+def _json_only(content_type: str | None) -> None:
+    """A speech body is JSON, said so: a form or text/plain body is what another site's page
+    can send without asking (no CORS preflight), so it is refused (415)."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    if media != "application/json":
+        got = f"Content-Type is {content_type[:80]!r}" if content_type else "no Content-Type"
+        raise ApiError(415, f"{got}; send the body as application/json",
+                       code="unsupported_media_type")  # fmt: skip
+
+
 def _voice_routes(app: FastAPI, service: Service) -> None:
     frame_s = FRAME_SAMPLES / service.rate
 
@@ -266,15 +278,15 @@ def _voice_routes(app: FastAPI, service: Service) -> None:
     async def add_voice(request: Request) -> dict[str, Any]:
         # the form is parsed here, not by FastAPI, so its bounds hold while it is read
         async with _read_form(request) as form:
-            name, text, upload = _voice_fields(form)
-            service.voices.check_name(name)
+            name, text, upload, replace = _voice_fields(form)
+            service.voices.check_new(name, replace)  # before the clip is encoded
             with tempfile.TemporaryDirectory(prefix="moss-gguf-voice-") as tmp:
                 # never the client's file name: only a short plain suffix is kept from it
                 clip = Path(tmp) / f"clip{_suffix(upload.filename)}"
                 await run_in_threadpool(_save, upload, clip)
                 await run_in_threadpool(audio.probe_clip, clip, upload.filename)
                 codes = await service.scheduler.encode_voice(clip)
-        voice = await run_in_threadpool(service.voices.save, name, codes, text)
+        voice = await run_in_threadpool(service.voices.save, name, codes, text, replace)
         return voice.to_dict(frame_s)
 
     @app.get("/v1/audio/languages")
@@ -297,11 +309,11 @@ def _voice_routes(app: FastAPI, service: Service) -> None:
 async def _read_form(request: Request):
     """The voice form, parsed with bounds on its parts (the whole body is _Guard's)."""
     try:
-        form = await request.form(max_files=1, max_fields=2,
+        form = await request.form(max_files=1, max_fields=3,
                                   max_part_size=4 * MAX_VOICE_TEXT_CHARS)  # fmt: skip
     except HTTPException as exc:  # a malformed multipart body
         raise ApiError(400, f"the body is not a form this route reads ({exc.detail}); send "
-                       "multipart/form-data with name, file and optionally text",
+                       "multipart/form-data with name, file and optionally text and replace",
                        code="invalid_form") from None  # fmt: skip
     try:
         yield form
@@ -309,9 +321,13 @@ async def _read_form(request: Request):
         await form.close()
 
 
-def _voice_fields(form) -> tuple[str, str | None, UploadFile]:
-    """name, text and the uploaded file of the voice form, each checked."""
+def _voice_fields(form) -> tuple[str, str | None, UploadFile, bool]:
+    """name, text, the uploaded file and replace of the voice form, each checked."""
     name, text, upload = form.get("name"), form.get("text"), form.get("file")
+    replace = form.get("replace", "false")
+    if not isinstance(replace, str) or replace.lower() not in ("true", "false"):
+        raise ApiError(400, "replace is a form field, true or false", param="replace",
+                       code="invalid_value")  # fmt: skip
     if not isinstance(name, str):
         raise ApiError(400, "name is required: the voice's name, a form field",
                        param="name", code="invalid_value")  # fmt: skip
@@ -328,7 +344,7 @@ def _voice_fields(form) -> tuple[str, str | None, UploadFile]:
         raise ApiError(413, f"file is {upload.size} bytes, the limit is {MAX_UPLOAD_BYTES}; "
                        "a clip of 5-20 s is plenty", param="file",
                        code="file_too_large")  # fmt: skip
-    return name, text, upload
+    return name, text, upload, replace.lower() == "true"
 
 
 def _suffix(filename: str | None) -> str:

@@ -23,6 +23,7 @@ from ..errors import UsageError
 from ..tts import SynthConfig, Synthesizer
 from ..tts.engine import EngineSettings
 from .metrics import Metrics
+from .origins import HostPolicy
 from .routes import Service, create_app
 from .scheduler import Scheduler
 from .settings import ServeSettings
@@ -50,7 +51,8 @@ def run_server(settings: ServeSettings, announce: Callable[[str], None], quiet: 
         f"serving {info.variant} ({Path(config.backbone_gguf).name}, n_vq {info.n_vq}) as "
         f"model {service.model_id!r} at http://{where}:{port}/v1; voices in "
         f"{service.voices.folder} ({n_voices} stored); "
-        f"{'API key required' if settings.api_key else 'no API key'}; Ctrl+C stops"
+        f"{'API key required' if settings.api_key else 'no API key'}; "
+        f"{HostPolicy.make(settings.host, settings.allowed_hosts).describe()}; Ctrl+C stops"
     )
     uv = uvicorn.Config(
         create_app(service),
@@ -102,7 +104,7 @@ def _load(settings: ServeSettings, config: SynthConfig) -> Service:
         scheduler = Scheduler(tts, settings.max_queue, on_speech=metrics.observe_speech,
                               stall_s=settings.stall_timeout,
                               retries=settings.runaway_retries)  # fmt: skip
-        voices = VoiceStore(settings.voices_dir, tts.info.n_vq)
+        voices = VoiceStore(settings.voices_dir, tts.info.n_vq, settings.max_voices)
         created = int(Path(config.backbone_gguf).stat().st_mtime)
     except BaseException:
         tts.close()

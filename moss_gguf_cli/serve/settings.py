@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,9 @@ OPENAI_VOICES = frozenset(
 DEFAULT_VOICE = "default"
 # OpenAI's speech model names: clients send them by default, each means the served model
 OPENAI_MODELS = frozenset({"tts-1", "tts-1-hd", "gpt-4o-mini-tts"})
+# an --allowed-hosts entry: a DNS name, an IPv4 or a bracketed IPv6 address (no port: any
+# port is answered), or '*' alone
+ALLOWED_HOST = re.compile(r"\*|\[[0-9a-fA-F:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]{0,252})?")
 
 
 @dataclass
@@ -52,6 +56,9 @@ class ServeSettings:
     # the requests being served, so a lone one runs as fast as on a 1-wide server;
     # "identical" the same greedy audio alone or batched; "fixed" always max_batch wide
     batch_width: str = "served"
+    # Host names answered besides the loopback ones and --host (origins.HostPolicy); "*": any
+    allowed_hosts: tuple[str, ...] = ()
+    max_voices: int = 100  # stored voices; registering one more is refused (409)
 
     @property
     def voices_dir(self) -> Path:
@@ -70,6 +77,13 @@ class ServeSettings:
                              f"not {self.batch_width!r}")  # fmt: skip
         if self.max_queue < 0:
             raise UsageError(f"--max-queue must be 0 or more, got {self.max_queue}")
+        if self.max_voices < 0:
+            raise UsageError(f"--max-voices must be 0 or more, got {self.max_voices}")
+        for name in self.allowed_hosts:
+            if not ALLOWED_HOST.fullmatch(name):
+                raise UsageError(f"--allowed-hosts: {name!r} is not a host name",
+                                 hint="give names or addresses without a port or scheme, "
+                                 "comma-separated (example.lan,192.168.1.20), or '*'")  # fmt: skip
         if self.api_key is not None and not self.api_key.strip():
             raise UsageError("--api-key is empty", hint="pass the key clients will send")
         if self.api_key is not None and self.api_key != self.api_key.strip():

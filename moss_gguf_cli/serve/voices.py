@@ -46,9 +46,10 @@ class Voice:
 
 
 class VoiceStore:
-    def __init__(self, folder: Path, n_vq: int):
+    def __init__(self, folder: Path, n_vq: int, max_voices: int = 100):
         self.folder = Path(folder)
         self.n_vq = n_vq
+        self.max_voices = max_voices
         self.folder.mkdir(parents=True, exist_ok=True)
         for stale in self.folder.glob(f".*{SUFFIX}.tmp*"):  # a crash mid-write left it
             stale.unlink(missing_ok=True)
@@ -74,9 +75,29 @@ class VoiceStore:
     def path(self, name: str) -> Path:
         return self.folder / f"{name}{SUFFIX}"
 
-    def save(self, name: str, codes: np.ndarray, text: str | None) -> Voice:
-        """Store NAME (replacing a voice of that name) atomically."""
+    def check_new(self, name: str, replace: bool) -> None:
+        """Refuse to register NAME when it would overwrite a voice unasked (409) or add one
+        past the bound on the store (409): a page of another site must not be able to swap a
+        voice's clip, nor fill the disk."""
         self.check_name(name)
+        if self.path(name).exists():
+            if not replace:
+                raise ApiError(409, f"voice {name!r} exists; send the form field replace=true "
+                               "to replace its clip and text, or choose another name",
+                               param="name", code="voice_exists")  # fmt: skip
+            return
+        if self.count() >= self.max_voices:
+            raise ApiError(409, f"the server stores at most {self.max_voices} voices "
+                           "(--max-voices); delete one (DELETE /v1/audio/voices/NAME) first",
+                           param="name", code="too_many_voices")  # fmt: skip
+
+    def count(self) -> int:
+        return sum(1 for _ in self.folder.glob(f"*{SUFFIX}"))
+
+    def save(self, name: str, codes: np.ndarray, text: str | None, replace: bool = False) -> Voice:
+        """Store NAME atomically; an existing NAME only with REPLACE (check_new's rules, held
+        at the rename too, so two uploads of one name cannot both create it)."""
+        self.check_new(name, replace)
         codes = np.asarray(codes, dtype=np.int16)  # codes are < 1025
         created = int(time.time())
         buffer = io.BytesIO()
@@ -87,10 +108,16 @@ class VoiceStore:
                 fh.write(buffer.getvalue())
                 fh.flush()
                 os.fsync(fh.fileno())
-            os.replace(tmp, self.path(name))
-        except BaseException:
+            if replace:
+                os.replace(tmp, self.path(name))
+            else:  # a link fails where the name exists: no check-then-write race
+                os.link(tmp, self.path(name))
+        except FileExistsError:
+            raise ApiError(409, f"voice {name!r} was registered meanwhile; send "
+                           "replace=true to replace it", param="name",
+                           code="voice_exists") from None  # fmt: skip
+        finally:
             Path(tmp).unlink(missing_ok=True)
-            raise
         return Voice(name, int(codes.shape[0]), text or None, created)
 
     def load(self, name: str, param: str = "voice", codes: bool = True) -> Voice:

@@ -18,10 +18,11 @@
 
   // ------------------------------------------------------------------ API
   class ApiFailure extends Error {
-    constructor(status, message, param) {
+    constructor(status, message, param, code) {
       super(message);
       this.status = status;
       this.param = param;
+      this.code = code;
     }
   }
 
@@ -36,14 +37,16 @@
   async function failure(res) {
     let message = res.statusText || "request failed";
     let param = null;
+    let code = null;
     try {
       const body = await res.json();
       if (body && body.error) {
         message = body.error.message || message;
         param = body.error.param || null;
+        code = body.error.code || null;
       }
     } catch (_) { /* not JSON: the status line says it */ }
-    return new ApiFailure(res.status, message, param);
+    return new ApiFailure(res.status, message, param, code);
   }
 
   async function api(path, options) {
@@ -176,7 +179,18 @@
     $("voice-add").disabled = true;
     say(`Registering voice ${name}…`);
     try {
-      await api("/v1/audio/voices", { method: "POST", body: form });
+      try {
+        await api("/v1/audio/voices", { method: "POST", body: form });
+      } catch (err) {
+        // the server never overwrites a voice unasked: ask the user, then say so
+        if (!(err instanceof ApiFailure && err.code === "voice_exists")) throw err;
+        if (!window.confirm(`Voice ${name} exists. Replace its clip and text?`)) {
+          say(`Voice ${name} kept as it was.`);
+          return;
+        }
+        form.append("replace", "true");
+        await api("/v1/audio/voices", { method: "POST", body: form });
+      }
       await loadVoices(name);
       $("voice-form").reset();
       say(`Voice ${name} registered and selected.`, "ok");
