@@ -14,62 +14,11 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
+from tiny_nano import CONFIG, release_state, write_release
 
 from moss_gguf_cli.errors import InputError, UnsupportedModelError
 from moss_gguf_cli.nano.checkpoint import expected_shapes, is_nano_folder, open_nano
 from moss_gguf_cli.nano.config import NanoConfig
-
-# the release's keys (DESIGN §12), at tiny sizes; ids 3..9 as the release has them
-CONFIG = {
-    "architectures": ["MossTTSNanoForCausalLM"],
-    "model_type": "moss_tts_nano",
-    "model_architecture": "global_local_transformer",
-    "n_vq": 3,
-    "audio_vocab_size": 16,
-    "audio_pad_token_id": 16,
-    "pad_token_id": 3,
-    "im_start_token_id": 4,
-    "im_end_token_id": 5,
-    "audio_start_token_id": 6,
-    "audio_end_token_id": 7,
-    "audio_user_slot_token_id": 8,
-    "audio_assistant_slot_token_id": 9,
-    "local_transformer_layers": 1,
-    "gpt2_config": {
-        "n_embd": 32,
-        "n_layer": 2,
-        "n_head": 4,
-        "n_inner": 48,
-        "vocab_size": 40,
-        "n_positions": 64,
-        "activation_function": "gelu_new",
-        "layer_norm_epsilon": 1e-5,
-        "position_embedding_type": "rope",
-        "rope_base": 10000,
-    },
-}
-
-
-def release_state(config: dict, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
-    """A state dict as upstream's model.state_dict() has it: heads the same tensors as tables."""
-    nano = NanoConfig.from_dict(config, Path("config.json"))
-    gen = torch.Generator().manual_seed(1)
-    state = {}
-    for name, shape in expected_shapes(nano).items():
-        state[name] = (torch.randn(shape, generator=gen) * 0.1).to(dtype)
-    state["text_lm_head.weight"] = state["transformer.wte.weight"]
-    for q in range(nano.n_vq):
-        state[f"audio_lm_heads.{q}.weight"] = state[f"audio_embeddings.{q}.weight"]
-    state["local_transformer.wte.weight"] = torch.randn(nano.dims.vocab, nano.hidden).to(dtype)
-    return state
-
-
-def write_release(folder: Path, config: dict = CONFIG, state: dict | None = None) -> dict:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config))
-    state = release_state(config) if state is None else state
-    torch.save(state, folder / "pytorch_model.bin")
-    return state
 
 
 def as_f32(tensor: torch.Tensor) -> np.ndarray:
