@@ -123,11 +123,8 @@ LOOKALIKES = {
         "MOSS-TTSD v0.5/v0.7",
     ),
     "ttsd v0.7": (lambda m, c: c.update(model_type="moss_ttsd"), "MOSS-TTSD v0.5/v0.7"),
-    "nano": (
-        lambda m, c: c.update(model_type="moss_tts_nano"),
-        "MOSS-TTS-Nano (model_type 'moss_tts_nano') is not a MOSS delay model; converting it is"
-        " coming (issue #47)",
-    ),
+    # `all` hands it to the Nano family (tests/test_nano_checkpoint.py), `extract` refuses it
+    "nano": (lambda m, c: c.update(model_type="moss_tts_nano"), "MOSS-TTS-Nano"),
     "soundeffect v2 diffusion": (_diffusion, "diffusion pipeline"),
 }
 

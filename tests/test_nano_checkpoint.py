@@ -8,6 +8,8 @@ import copy
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -156,4 +158,40 @@ def test_a_release_folder_with_a_payload_is_refused_before_any_code_runs(tmp_pat
     with pytest.raises(InputError) as caught:
         open_nano(tmp_path / "nano")
     assert re.search(r"pytorch_model.bin: its pickle names \w+\.system,", caught.value.one_line())
+    assert not marker.exists()
+
+
+def refusal(command: str, tmp_path: Path) -> str:
+    """COMMAND run on tmp_path/nano (a real process): its one line of refusal, after checking
+    that it exits 2 and leaves nothing beside the model (no output, no work folder)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "moss_gguf_cli", command, "--model", str(tmp_path / "nano"),
+         "--output", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "160"},
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "it-ran") == ["nano"]
+    return lines[0]
+
+
+def test_all_reads_a_nano_folder_through_its_family_and_says_conversion_is_coming(tmp_path):
+    write_release(tmp_path / "nano")
+    line = refusal("all", tmp_path)
+    assert "tensors in pytorch_model.bin, read and checked" in line
+    assert "converting it is coming (issue #47)" in line
+
+
+def test_the_delay_commands_refuse_a_nano_folder_saying_it_is_coming(tmp_path):
+    write_release(tmp_path / "nano")
+    assert "is not a MOSS delay model; converting it is coming" in refusal("extract", tmp_path)
+
+
+def test_all_refuses_a_nano_payload_before_any_output_exists(tmp_path):
+    marker = tmp_path / "it-ran"
+    state = release_state(CONFIG)
+    state["extra"] = Payload(marker)
+    write_release(tmp_path / "nano", CONFIG, state)
+    assert re.search(r"its pickle names \w+\.system,", refusal("all", tmp_path))
     assert not marker.exists()
