@@ -123,6 +123,7 @@ LOOKALIKES = {
         "MOSS-TTSD v0.5/v0.7",
     ),
     "ttsd v0.7": (lambda m, c: c.update(model_type="moss_ttsd"), "MOSS-TTSD v0.5/v0.7"),
+    # `all` hands it to the Nano family (tests/test_nano_checkpoint.py), `extract` refuses it
     "nano": (lambda m, c: c.update(model_type="moss_tts_nano"), "MOSS-TTS-Nano"),
     "soundeffect v2 diffusion": (_diffusion, "diffusion pipeline"),
 }

@@ -119,10 +119,11 @@ RANKS = {
     "gguf": 2,
     "source": 3,
     "tts": 4, "quantize": 4,
-    "verify": 5, "doctor": 5,
-    "pipeline": 6, "serve": 6,
-    "cli": 7,
-    "__main__": 8,  # python -m moss_gguf_cli: the entry point over the CLI
+    "nano": 5,  # a model family's room: above what families share, below what uses a family
+    "verify": 6, "doctor": 6,
+    "pipeline": 7, "serve": 7,
+    "cli": 8,
+    "__main__": 9,  # python -m moss_gguf_cli: the entry point over the CLI
 }  # fmt: skip
 LAZY_MARK = "# lazy:"  # an import of another room inside a function says why, on the line above
 

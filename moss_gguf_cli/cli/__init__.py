@@ -3,6 +3,6 @@
 every command is declared with), app.py (registers them), _errors.py (the one catch point),
 _output.py (console, progress bars), _options.py (shared options).
 
-May import: every room (rank 7: serve/, pipeline/, verify/, doctor/, tts/, quantize/, source/,
-gguf/, disk/, native/, the top level); nothing imports cli/ but ``__main__``.
+May import: every room (rank 8: serve/, pipeline/, verify/, doctor/, nano/, tts/, quantize/,
+source/, gguf/, disk/, native/, the top level); nothing imports cli/ but ``__main__``.
 """

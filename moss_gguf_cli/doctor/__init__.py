@@ -10,8 +10,8 @@ pre-flight are preflight.py.
 
 Core code: nothing here prints; the CLI renders :class:`DoctorReport`.
 
-May import: tts/, quantize/, source/, gguf/, disk/, native/ and the top level (errors, progress,
-report, hold_points) (rank 5); never verify/ (beside it), pipeline/ or cli/.
+May import: nano/, tts/, quantize/, source/, gguf/, disk/, native/ and the top level (errors,
+progress, report, hold_points) (rank 6); never verify/ (beside it), pipeline/ or cli/.
 """
 
 from __future__ import annotations

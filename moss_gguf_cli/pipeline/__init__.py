@@ -3,6 +3,6 @@ plan/run pairs and the run's context (steps), and the step bodies: extract, conv
 conversion recipes (`all --config`, recipes); the first-class moss-tts-delay folder
 (first_class: `convert/all --format moss-tts-delay`; from_first_class: `all --model` on one).
 
-May import: verify/, doctor/ and every room below them (tts/, quantize/, source/, gguf/, disk/,
-native/, the top level) (rank 6); never serve/ (beside it) or cli/.
+May import: verify/, doctor/ and every room below them (nano/, tts/, quantize/, source/, gguf/,
+disk/, native/, the top level) (rank 7); never serve/ (beside it) or cli/.
 """

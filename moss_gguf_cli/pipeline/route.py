@@ -11,7 +11,9 @@ before a pre-converted repo, as both are GGUFs). `choose_route` is the one table
     first-class GGUF  run_from_first_class    (the input not looked     the first-class folder
                                               at: it reads the model)   reading the model itself
 
-`run_request` is what the CLI calls: the request as given, the route chosen and run.
+`run_request` is what the CLI calls: the request as given, the route chosen and run. A local
+MOSS-TTS-Nano folder is not a delay input: it is read and checked by its own family first
+(`refuse_nano_for_now`), and refused until its conversion lands (#47).
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 
-from ..errors import UsageError
+from ..errors import UnsupportedModelError, UsageError
 from ..gguf.codec import FORMAT as CODEC_FORMAT
 from ..gguf.first_class import FORMAT, parse_audio_tables_type
+from ..nano.checkpoint import is_nano_folder, open_nano
 from ..progress import ProgressReporter, ensure
 from ..source.preconverted import GgufRepo, recognise
 from .audio_codec import NATIVE_FLAG
@@ -121,6 +124,7 @@ def run_request(request: AllRequest, progress: ProgressReporter | None = None) -
     route and run it."""
     bar = ensure(progress)
     settings, tables = request.settings, request.audio_tables
+    refuse_nano_for_now(settings.model)
     formats = parse_formats(request.formats)
     if tables is not None and FORMAT not in formats:
         raise UsageError(
@@ -150,6 +154,22 @@ def run_request(request: AllRequest, progress: ProgressReporter | None = None) -
     result = _backend(route.backend, settings, found, bar)
     folder = run_first_class(_beside(settings), bar, audio_tables=tables)
     return AllOutcome(route, result, folder)
+
+
+def refuse_nano_for_now(model: str) -> None:
+    """A local MOSS-TTS-Nano folder goes to its own family (nano/), which reads and checks it
+    (its pickle refused before anything is written), then is refused in one line: converting
+    it is the rest of issue #47. A Hub id is not looked at here; the delay family refuses it."""
+    folder = Path(model).expanduser()
+    if model.startswith("builtin:") or not folder.is_dir() or not is_nano_folder(folder):
+        return
+    opened = open_nano(folder)
+    raise UnsupportedModelError(
+        f"MOSS-TTS-Nano ({len(opened.tensors)} tensors in {opened.weights.name}, read and "
+        "checked) does not convert yet; converting it is coming (issue #47)",
+        path=folder,
+        hint="this version converts MOSS delay models only",
+    )
 
 
 def _beside(settings: AllSettings) -> AllSettings:

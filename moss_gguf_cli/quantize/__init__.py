@@ -3,5 +3,5 @@ in-process (llama), and the direct engine that quantizes straight from the check
 ggml (direct).
 
 May import: source/, gguf/, disk/, native/ and the top level (errors, progress, report,
-hold_points) (rank 4); never tts/ (beside it), verify/, doctor/, pipeline/ or cli/.
+hold_points) (rank 4); never tts/ (beside it), nano/, verify/, doctor/, pipeline/ or cli/.
 """

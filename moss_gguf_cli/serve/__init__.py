@@ -23,7 +23,7 @@ What lives here:
 - ui.py         the web page at / and /ui (static/: its HTML, script and style, package data),
                 answered before the API key is checked; the page calls the API as a client
 
-May import (rank 6): tts/ and the top level (errors, progress, hold_points: a test's hold point);
+May import (rank 7): tts/ and the top level (errors, progress, hold_points: a test's hold point);
 nothing imports it except cli/serve_cmd.py. FastAPI, uvicorn, PyAV and prometheus_client come with
 the optional `serve` extra, so only settings.py is imported before the extra is checked.
 """

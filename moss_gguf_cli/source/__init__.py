@@ -1,4 +1,5 @@
-"""What comes in: the MOSS checkpoint (checkpoint, safetensors_io), the Hugging Face Hub (hub),
+"""What comes in: the MOSS checkpoint (checkpoint, safetensors_io), a torch.save state dict read
+without torch or its pickle code (torch_pickle), the Hugging Face Hub (hub),
 pre-converted MOSS-TTS-GGUF repos (preconverted), the audio tokenizer a folder speaks with
 (audio_tokenizer; the contract its ONNX graphs keep: codec_contract), a checkpoint planned
 as the first-class moss-tts-delay GGUF (first_class), the special token ids (token_ids) and

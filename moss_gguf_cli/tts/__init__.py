@@ -12,7 +12,7 @@ tokenizer), normalize and language (text rules), synthesizer (the loop), streami
 speech (a request's chunks, one voice).
 
 May import: source/, gguf/, disk/, native/ and the top level (errors, progress, report,
-hold_points) (rank 4); never quantize/ (beside it), verify/, doctor/, pipeline/ or cli/.
+hold_points) (rank 4); never quantize/ (beside it), nano/, verify/, doctor/, pipeline/ or cli/.
 """
 
 from .config import ModelInfo, SynthConfig

@@ -16,8 +16,8 @@ against the source), deep.py (--deep: llama.cpp against a torch reference); qual
 the limits, tensors.py the tensor reads and measures; context.py the state they share;
 reference.py the torch forward --deep compares llama.cpp with.
 
-May import: tts/, quantize/, source/, gguf/, disk/, native/ and the top level (errors, progress,
-report, hold_points) (rank 5); never doctor/ (beside it), pipeline/ or cli/.
+May import: nano/, tts/, quantize/, source/, gguf/, disk/, native/ and the top level (errors,
+progress, report, hold_points) (rank 6); never doctor/ (beside it), pipeline/ or cli/.
 """
 
 from __future__ import annotations

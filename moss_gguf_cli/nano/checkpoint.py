@@ -1,0 +1,148 @@
+"""A MOSS-TTS-Nano folder opened: its config, its tensors, checked against each other.
+
+The release ships `pytorch_model.bin` (read by source/torch_pickle.py: no torch, no pickle code
+run); a folder with `model.safetensors` (or an index and shards) is read from those instead.
+The text head is tied to `transformer.wte` and each audio head to its audio table; the .bin
+holds both names over one storage, a safetensors file may hold the table alone (safetensors
+refuses to store shared tensors twice), and then the head is the table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from ..disk.confine import boundary, confined
+from ..errors import InputError
+from ..source.checkpoint import INDEX_NAME, SINGLE_NAME, read_json, read_tensors
+from ..source.torch_pickle import read_state_dict
+from .config import NanoConfig, TransformerDims, is_nano
+
+TORCH_NAME = "pytorch_model.bin"
+TOKENIZER_NAME = "tokenizer.model"
+UNUSED = ("local_transformer.wte.weight",)  # in the release, never read by upstream's model
+_HINT = "config.json and the weights disagree; download both again"
+
+
+def tied_names(nano: NanoConfig) -> dict[str, str]:
+    """Head → the table it is tied to."""
+    tied = {"text_lm_head.weight": "transformer.wte.weight"}
+    tied.update({f"audio_lm_heads.{q}.weight": f"audio_embeddings.{q}.weight"
+                 for q in range(nano.n_vq)})  # fmt: skip
+    return tied
+
+
+def block_shapes(prefix: str, dims: TransformerDims) -> dict[str, tuple[int, ...]]:
+    """One pre-LN block (upstream's gpt2_decoder: Linear weights are [out, in], all biased)."""
+    h, f = dims.hidden, dims.inner
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, out, inp in (("attn.c_attn", 3 * h, h), ("attn.c_proj", h, h),
+                           ("mlp.fc_in", f, h), ("mlp.fc_out", h, f)):  # fmt: skip
+        shapes[f"{prefix}{name}.weight"] = (out, inp)
+        shapes[f"{prefix}{name}.bias"] = (out,)
+    for norm in ("ln_1", "ln_2"):
+        shapes[f"{prefix}{norm}.weight"] = shapes[f"{prefix}{norm}.bias"] = (h,)
+    return shapes
+
+
+def expected_shapes(nano: NanoConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor upstream's model reads, with its shape from the config."""
+    h, dims = nano.hidden, nano.dims
+    shapes: dict[str, tuple[int, ...]] = {"transformer.wte.weight": (dims.vocab, h)}
+    for i in range(dims.layers):
+        shapes.update(block_shapes(f"transformer.h.{i}.", dims))
+    shapes["transformer.ln_f.weight"] = shapes["transformer.ln_f.bias"] = (h,)
+    for i in range(nano.local_layers):
+        shapes.update(block_shapes(f"local_transformer.h.{i}.", dims))
+    shapes["local_transformer.ln_f.weight"] = shapes["local_transformer.ln_f.bias"] = (h,)
+    for q, rows in enumerate(nano.codebook_sizes):
+        shapes[f"audio_embeddings.{q}.weight"] = (rows, h)
+        shapes[f"audio_lm_heads.{q}.weight"] = (rows, h)
+    shapes["text_lm_head.weight"] = (dims.vocab, h)
+    return shapes
+
+
+@dataclass
+class NanoCheckpoint:
+    root: Path
+    config: dict[str, Any]
+    nano: NanoConfig
+    tensors: dict[str, np.ndarray]  # read-only; bf16 as ml_dtypes.bfloat16
+    weights: Path  # the file the tensors came from (or the safetensors index)
+    tokenizer: Path | None  # tokenizer.model, where the folder has it
+    unused: list[str]  # tensors present that upstream's model never reads
+
+
+def is_nano_folder(root: Path) -> bool:
+    """A folder whose config.json says MOSS-TTS-Nano (nothing else is read)."""
+    path = Path(root) / "config.json"
+    if not path.is_file():
+        return False
+    config = read_json(confined(path, boundary(root)), "config.json")
+    return isinstance(config, dict) and is_nano(config)
+
+
+def open_nano(root: Path) -> NanoCheckpoint:
+    """Read and check a Nano folder: config first, then the weights (safetensors where the folder
+    has them, else pytorch_model.bin), then every tensor's name and shape against the config."""
+    root = Path(root)
+    edge = boundary(root)
+    config_path = root / "config.json"
+    if not config_path.is_file():
+        raise InputError("config.json is missing", path=root, hint="point --model at a folder")
+    config = read_json(confined(config_path, edge), "config.json")
+    if not isinstance(config, dict):
+        raise InputError("config.json is not a JSON object", path=config_path)
+    nano = NanoConfig.from_dict(config, config_path)
+    weights, tensors = _read_weights(root, edge)
+    for head, table in tied_names(nano).items():
+        if head not in tensors and table in tensors:
+            tensors[head] = tensors[table]  # the table, where the file left the head out
+    expected = expected_shapes(nano)
+    for name, shape in expected.items():
+        tensor = tensors.get(name)
+        if tensor is None:
+            raise InputError(f"tensor {name!r} is missing", path=weights, hint=_HINT)
+        if tensor.shape != shape:
+            raise InputError(
+                f"tensor {name!r} has shape {list(tensor.shape)} but config.json implies "
+                f"{list(shape)}",
+                path=weights,
+                hint=_HINT,
+            )
+    unused = sorted(n for n in tensors if n not in expected)
+    unknown = [n for n in unused if n not in UNUSED]
+    if unknown:
+        raise InputError(
+            f"tensor {unknown[0]!r} is not one MOSS-TTS-Nano has ({len(unknown)} such)",
+            path=weights,
+            hint="the weights are of another model or another version of Nano",
+        )
+    tokenizer = root / TOKENIZER_NAME
+    tokenizer = confined(tokenizer, edge) if tokenizer.is_file() else None
+    return NanoCheckpoint(root, config, nano, tensors, weights, tokenizer, unused)
+
+
+def _read_weights(root: Path, edge: Path) -> tuple[Path, dict[str, np.ndarray]]:
+    if (root / INDEX_NAME).is_file() or (root / SINGLE_NAME).is_file():
+        shards, refs = read_tensors(root)
+        where = root / INDEX_NAME if (root / INDEX_NAME).is_file() else shards[0]
+        return where, {name: _from_safetensors(ref.array(), ref.dtype) for name, ref in
+                       refs.items()}  # fmt: skip
+    path = root / TORCH_NAME
+    if not path.is_file():
+        raise InputError(
+            f"neither {SINGLE_NAME} nor {TORCH_NAME} is here",
+            path=root,
+            hint="point --model at a MOSS-TTS-Nano checkpoint folder",
+        )
+    return path, read_state_dict(confined(path, edge)).tensors
+
+
+def _from_safetensors(raw: np.ndarray, dtype: str) -> np.ndarray:
+    # source/safetensors_io keeps bf16 as its bits; the Nano room speaks ml_dtypes' bfloat16
+    return raw.view(ml_dtypes.bfloat16) if dtype == "BF16" else raw

@@ -1,0 +1,197 @@
+"""nano/: a MOSS-TTS-Nano folder as the release lays it out (config.json, a torch-saved
+pytorch_model.bin with tied storage), opened from config.json alone and checked tensor by
+tensor; safetensors used where the folder has them."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+from tiny_nano import CONFIG, release_state, write_release
+
+from moss_gguf_cli.errors import InputError, UnsupportedModelError
+from moss_gguf_cli.nano.checkpoint import expected_shapes, is_nano_folder, open_nano
+from moss_gguf_cli.nano.config import NanoConfig
+
+
+def as_f32(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.float().numpy()
+
+
+def test_a_release_folder_opens_from_its_config_with_ties_kept(tmp_path):
+    state = write_release(tmp_path / "nano")
+    opened = open_nano(tmp_path / "nano")
+    assert opened.weights.name == "pytorch_model.bin"
+    dims = opened.nano.dims
+    assert (dims.hidden, dims.layers, dims.heads, dims.inner, dims.vocab) == (32, 2, 4, 48, 40)
+    assert (dims.head_dim, dims.eps, dims.rope_base, dims.context) == (8, 1e-5, 10000.0, 64)
+    assert opened.nano.codebook_sizes == (16, 16, 16) and opened.nano.audio_pad == 16
+    assert opened.nano.tokens["audio_assistant_slot_token_id"] == 9
+    assert opened.nano.local_layers == 1
+    assert sorted(opened.tensors) == sorted(state)
+    for name, tensor in state.items():
+        np.testing.assert_array_equal(opened.tensors[name].astype(np.float32), as_f32(tensor))
+    wte, head = opened.tensors["transformer.wte.weight"], opened.tensors["text_lm_head.weight"]
+    assert np.shares_memory(wte, head)
+    assert opened.unused == ["local_transformer.wte.weight"]
+    assert opened.tokenizer is None and is_nano_folder(tmp_path / "nano")
+
+
+def test_the_release_config_reads_as_the_release_is():
+    """The release's values (DESIGN §12), where upstream's class defaults differ (n_vq 8,
+    Qwen-sized ids, 4 local layers)."""
+    release = copy.deepcopy(CONFIG)
+    release.update(n_vq=16, audio_vocab_size=1024, audio_pad_token_id=1024)
+    release["gpt2_config"].update(n_embd=768, n_layer=12, n_head=12, n_inner=3072,
+                                  vocab_size=16384)  # fmt: skip
+    del release["gpt2_config"]["n_positions"]
+    nano = NanoConfig.from_dict(release, Path("config.json"))
+    assert (nano.n_vq, nano.codebook_sizes, nano.audio_pad) == (16, (1024,) * 16, 1024)
+    assert (nano.dims.head_dim, nano.dims.inner, nano.dims.context) == (64, 3072, None)
+    assert nano.local_layers == 1 and nano.tokens["pad_token_id"] == 3
+    shapes = expected_shapes(nano)
+    assert shapes["transformer.h.11.attn.c_attn.weight"] == (2304, 768)
+    assert shapes["transformer.h.0.mlp.fc_in.weight"] == (3072, 768)
+    assert shapes["audio_lm_heads.15.weight"] == (1024, 768)
+    assert "transformer.h.12.ln_1.weight" not in shapes
+    assert "local_transformer.h.1.ln_1.bias" not in shapes
+
+
+def test_safetensors_is_used_when_present_and_heads_follow_their_tables(tmp_path):
+    folder = tmp_path / "nano"
+    write_release(folder)
+    other = {n: t * 2 for n, t in release_state(CONFIG).items()
+             if not n.startswith(("text_lm_head", "audio_lm_heads"))}  # fmt: skip
+    save_file(other, str(folder / "model.safetensors"))  # as HF saves: tied copies left out
+    opened = open_nano(folder)
+    assert opened.weights.name == "model.safetensors"
+    for name, tensor in other.items():
+        np.testing.assert_array_equal(opened.tensors[name].astype(np.float32), as_f32(tensor))
+    for q in range(3):
+        head, table = f"audio_lm_heads.{q}.weight", f"audio_embeddings.{q}.weight"
+        np.testing.assert_array_equal(opened.tensors[head], opened.tensors[table])
+
+
+def without(path: str) -> dict:
+    config = copy.deepcopy(CONFIG)
+    section = config
+    *parents, key = path.split(".")
+    for p in parents:
+        section = section[p]
+    del section[key]
+    return config
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["n_vq", "audio_pad_token_id", "im_start_token_id", "audio_assistant_slot_token_id",
+     "local_transformer_layers", "gpt2_config", "gpt2_config.rope_base",
+     "gpt2_config.position_embedding_type", "gpt2_config.n_head",
+     "gpt2_config.layer_norm_epsilon"],
+)  # fmt: skip
+def test_every_fact_comes_from_the_file_never_a_class_default(tmp_path, key):
+    (tmp_path / "config.json").write_text(json.dumps(without(key)))
+    with pytest.raises(InputError) as caught:
+        open_nano(tmp_path)
+    assert f"config.json has no {key} " in caught.value.one_line()
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (("model_architecture", "delay"), "model_architecture 'delay' is not"),
+        (("gpt2_config.position_embedding_type", "absolute"), "only 'rope' is converted"),
+        (("gpt2_config.activation_function", "relu"), "only 'gelu_new' is converted"),
+        (("gpt2_config.scale_attn_by_inverse_layer_idx", True), "scales attention otherwise"),
+    ],
+)
+def test_what_nano_is_not_converted_as_is_refused(tmp_path, edit, says):
+    config = copy.deepcopy(CONFIG)
+    key, value = edit
+    section = config["gpt2_config"] if key.startswith("gpt2_config.") else config
+    section[key.split(".")[-1]] = value
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModelError, match=says):
+        open_nano(tmp_path)
+
+
+def test_weights_that_disagree_with_the_config_are_refused(tmp_path):
+    bigger = copy.deepcopy(CONFIG)
+    bigger["n_vq"] = 4
+    write_release(tmp_path / "a", bigger, release_state(CONFIG))
+    with pytest.raises(InputError, match=r"tensor 'audio_embeddings.3.weight' is missing"):
+        open_nano(tmp_path / "a")
+    state = release_state(CONFIG)
+    state["transformer.h.1.mlp.fc_in.weight"] = torch.zeros(47, 32, dtype=torch.bfloat16)
+    write_release(tmp_path / "b", CONFIG, state)
+    with pytest.raises(InputError, match=r"fc_in.weight' has shape \[47, 32\] but config.json"):
+        open_nano(tmp_path / "b")
+    state = release_state(CONFIG)
+    state["transformer.wpe.weight"] = torch.zeros(64, 32, dtype=torch.bfloat16)
+    write_release(tmp_path / "c", CONFIG, state)
+    with pytest.raises(InputError, match=r"'transformer.wpe.weight' is not one MOSS-TTS-Nano has"):
+        open_nano(tmp_path / "c")
+
+
+class Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_release_folder_with_a_payload_is_refused_before_any_code_runs(tmp_path):
+    marker = tmp_path / "it-ran"
+    state = release_state(CONFIG)
+    state["extra"] = Payload(marker)
+    write_release(tmp_path / "nano", CONFIG, state)
+    with pytest.raises(InputError) as caught:
+        open_nano(tmp_path / "nano")
+    assert re.search(r"pytorch_model.bin: its pickle names \w+\.system,", caught.value.one_line())
+    assert not marker.exists()
+
+
+def refusal(command: str, tmp_path: Path) -> str:
+    """COMMAND run on tmp_path/nano (a real process): its one line of refusal, after checking
+    that it exits 2 and leaves nothing beside the model (no output, no work folder)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "moss_gguf_cli", command, "--model", str(tmp_path / "nano"),
+         "--output", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "160"},
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "it-ran") == ["nano"]
+    return lines[0]
+
+
+def test_all_reads_a_nano_folder_through_its_family_and_says_conversion_is_coming(tmp_path):
+    write_release(tmp_path / "nano")
+    line = refusal("all", tmp_path)
+    assert "tensors in pytorch_model.bin, read and checked" in line
+    assert "converting it is coming (issue #47)" in line
+
+
+def test_the_delay_commands_refuse_a_nano_folder_saying_it_is_coming(tmp_path):
+    write_release(tmp_path / "nano")
+    assert "is not a MOSS delay model; converting it is coming" in refusal("extract", tmp_path)
+
+
+def test_all_refuses_a_nano_payload_before_any_output_exists(tmp_path):
+    marker = tmp_path / "it-ran"
+    state = release_state(CONFIG)
+    state["extra"] = Payload(marker)
+    write_release(tmp_path / "nano", CONFIG, state)
+    assert re.search(r"its pickle names \w+\.system,", refusal("all", tmp_path))
+    assert not marker.exists()

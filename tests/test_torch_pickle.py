@@ -1,0 +1,169 @@
+"""source/torch_pickle.py: torch's own `torch.save` files read without torch, tied storage kept;
+pickles that name any other global refused in one line, their code never run."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import zipfile
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+from moss_gguf_cli.errors import InputError
+from moss_gguf_cli.source.torch_pickle import read_state_dict
+
+DTYPES = {torch.float32: np.float32, torch.bfloat16: ml_dtypes.bfloat16, torch.float16: np.float16}
+
+
+class Tied(torch.nn.Module):
+    """Nano's shape in small: an embedding and a head sharing one weight, a 2-D linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wte = torch.nn.Embedding(12, 8)
+        self.head = torch.nn.Linear(8, 12, bias=False)
+        self.head.weight = self.wte.weight  # as upstream ties text_lm_head to wte
+        self.fc = torch.nn.Linear(8, 6)
+
+
+def saved_state(tmp_path: Path, dtype: torch.dtype, name: str = "pytorch_model.bin") -> tuple:
+    torch.manual_seed(0)
+    model = Tied().to(dtype)
+    state = model.state_dict()
+    base = torch.randn(5, 7).to(dtype)
+    state["transposed"] = base.t()  # a non-contiguous view
+    state["strided"] = base[1:, 1::3]  # an offset and a step into the same storage
+    state["base"] = base
+    state["scalar"] = torch.tensor(3.5, dtype=dtype)
+    state["empty"] = torch.zeros(0, 4, dtype=dtype)
+    state["steps"] = torch.arange(6, dtype=torch.int64)
+    state["param"] = torch.nn.Parameter(torch.randn(3).to(dtype))  # _rebuild_parameter
+    path = tmp_path / name
+    torch.save(state, path)
+    return path, state
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=lambda d: str(d).split(".")[1])
+def test_what_torch_saves_reads_back_equal_with_storage_shared(tmp_path, dtype):
+    path, state = saved_state(tmp_path, dtype)
+    got = read_state_dict(path)
+    assert list(got.tensors) == list(state)
+    for name, tensor in state.items():
+        ours = got.tensors[name]
+        want = DTYPES.get(tensor.dtype, np.int64)
+        assert ours.dtype == np.dtype(want) and ours.shape == tuple(tensor.shape), name
+        tensor = tensor.detach()
+        theirs = tensor.float().numpy() if tensor.is_floating_point() else tensor.numpy()
+        np.testing.assert_array_equal(ours.astype(theirs.dtype), theirs, err_msg=name)
+        assert not ours.flags.writeable
+    # one storage, several views: as torch wrote them, not copies
+    assert np.shares_memory(got.tensors["wte.weight"], got.tensors["head.weight"])
+    assert np.shares_memory(got.tensors["base"], got.tensors["transposed"])
+    assert np.shares_memory(got.tensors["base"], got.tensors["strided"])
+    assert not np.shares_memory(got.tensors["wte.weight"], got.tensors["fc.weight"])
+    groups = sorted(sorted(names) for names in got.tied().values())
+    assert groups == [["base", "strided", "transposed"], ["head.weight", "wte.weight"]]
+
+
+def test_the_zip_top_folder_may_have_any_name(tmp_path):
+    path, state = saved_state(tmp_path, torch.bfloat16, name="weights_v2.pt")
+    renamed = path.rename(tmp_path / "pytorch_model.bin")
+    with zipfile.ZipFile(renamed) as archive:
+        assert {n.split("/")[0] for n in archive.namelist()} >= {"weights_v2"}
+    got = read_state_dict(renamed)
+    want = state["fc.weight"].float().numpy()
+    np.testing.assert_array_equal(got.tensors["fc.weight"].astype(np.float32), want)
+    buffer = io.BytesIO()  # what a file object gets: torch calls the folder "archive"
+    torch.save({"w": state["fc.weight"]}, buffer)
+    (tmp_path / "from_buffer.bin").write_bytes(buffer.getvalue())
+    got = read_state_dict(tmp_path / "from_buffer.bin")
+    np.testing.assert_array_equal(got.tensors["w"].astype(np.float32), want)
+
+
+class RunsAShell:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+class Evaluates:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (eval, (f"open({str(self.marker)!r}, 'w').close()",))
+
+
+@pytest.mark.parametrize(
+    ("payload", "named"),
+    [(RunsAShell, f"{os.system.__module__}.system"), (Evaluates, "builtins.eval")],
+    ids=["os.system", "builtins.eval"],
+)
+def test_a_pickle_naming_another_global_is_refused_and_never_runs(tmp_path, payload, named):
+    marker = tmp_path / "it-ran"
+    state = {"w": torch.ones(2, 2), "x": payload(marker)}
+    path = tmp_path / "pytorch_model.bin"
+    torch.save(state, path)  # torch's own writer pickles the payload's __reduce__
+    with pytest.raises(InputError) as caught:
+        read_state_dict(path)
+    line = caught.value.one_line()
+    assert f"names {named}," in line and str(path) in line and "\n" not in line
+    assert not marker.exists()
+    # the control: torch's full unpickler does run it, so the marker above could have appeared
+    torch.load(path, weights_only=False)
+    assert marker.exists()
+
+
+def replaced(path: Path, entry_end: str, data: bytes) -> None:
+    """Rewrite PATH's zip with the entry ending in ENTRY_END holding DATA (CRCs recomputed)."""
+    with zipfile.ZipFile(path) as old:
+        entries = [(info, old.read(info)) for info in old.infolist()]
+    with zipfile.ZipFile(path, "w") as new:
+        for info, raw in entries:
+            new.writestr(info, data if info.filename.endswith(entry_end) else raw)
+
+
+@pytest.mark.parametrize("protocol", [2, 4, pickle.HIGHEST_PROTOCOL])
+def test_every_pickle_protocol_is_refused_alike(tmp_path, protocol):
+    """GLOBAL (protocol 2) and STACK_GLOBAL (4, 5) reach a callable the same way."""
+    marker = tmp_path / "it-ran"
+    path = tmp_path / "pytorch_model.bin"
+    torch.save({"w": torch.ones(1)}, path)
+    replaced(path, "/data.pkl", pickle.dumps({"x": RunsAShell(marker)}, protocol=protocol))
+    with pytest.raises(InputError, match=r"names (posix|os|nt)\.system,"):
+        read_state_dict(path)
+    assert not marker.exists()
+
+
+def test_a_storage_shorter_than_its_tensors_is_refused(tmp_path):
+    path = tmp_path / "pytorch_model.bin"
+    torch.save({"w": torch.ones(4, 4)}, path)
+    replaced(path, "/data/0", b"\0" * 12)
+    with pytest.raises(InputError, match="storage .*/data/0 holds 12 bytes, not 16 × 4"):
+        read_state_dict(path)
+
+
+def test_what_is_not_a_torch_zip_or_not_a_state_dict_is_refused(tmp_path):
+    legacy = tmp_path / "legacy.bin"
+    torch.save({"w": torch.ones(2)}, legacy, _use_new_zipfile_serialization=False)
+    with pytest.raises(InputError, match="not a torch zip checkpoint"):
+        read_state_dict(legacy)
+    listed = tmp_path / "list.bin"
+    torch.save([torch.ones(2)], listed)
+    with pytest.raises(InputError, match="holds a list, not a state dict"):
+        read_state_dict(listed)
+    storage = tmp_path / "storage.bin"  # torch writes torch.storage.UntypedStorage for it
+    torch.save({"w": torch.ones(2), "raw": torch.ones(4).untyped_storage()}, storage)
+    with pytest.raises(InputError, match="entry 'raw' is not a tensor"):
+        read_state_dict(storage)
+    number = tmp_path / "number.bin"
+    torch.save({"w": torch.ones(2), "step": 7}, number)
+    with pytest.raises(InputError, match="entry 'step' is not a tensor"):
+        read_state_dict(number)
