@@ -195,3 +195,38 @@ def test_threads_default_to_the_physical_cores():
     }
     assert cores == len(siblings)  # one per core, whatever its hardware threads
     assert SYNTH_DEFAULTS["n_threads"] == 0
+
+
+# ----------------------------------------------------------------------------- a missing package
+
+
+@pytest.mark.parametrize(
+    "module, words",
+    [("torch", "needs the torch extra (torch is not installed) (pip install 'moss-gguf[torch]')"),
+     ("av", "needs the serve extra (av is not installed) (pip install 'moss-gguf[serve]')"),
+     ("uvicorn.config", "needs the serve extra (uvicorn is not installed)"),
+     ("numpy", "numpy is not installed, and moss-gguf needs it (install moss-gguf again")],
+)  # fmt: skip
+def test_a_missing_package_names_its_extra(module: str, words: str) -> None:
+    from moss_gguf_cli.errors import missing_package
+
+    found = missing_package(ModuleNotFoundError(f"No module named {module!r}", name=module))
+    assert found is not None and words in found.one_line()
+    # a broken import inside the package is a bug to report, not an install to fix
+    assert missing_package(ModuleNotFoundError("x", name="moss_gguf_cli.nope")) is None
+    assert missing_package(ImportError("cannot import name 'x'", name="numpy")) is None
+
+
+def test_the_catch_point_renders_a_missing_extra_as_one_line(tmp_path: Path) -> None:
+    """uvicorn missing (the process's import of it fails as when it is not installed): serve
+    says which extra in one line, not "unexpected" (the config is never read: the import is
+    first)."""
+    code = ("import sys; sys.modules['uvicorn'] = None\n"
+            "from moss_gguf_cli.cli.app import main\n"
+            f"sys.argv = ['moss-gguf', 'serve', '--config', {str(tmp_path / 'm.yaml')!r}]\n"
+            "main()\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    line = done.stderr.strip()
+    assert done.returncode == 1 and len(line.splitlines()) == 1, line
+    assert "serve extra (uvicorn is not installed)" in line and "unexpected" not in line
