@@ -83,8 +83,9 @@ for i in "${!EXTRAS[@]}"; do
         (install_extra "$next") &
         installing=$!
     fi
-    passed=1
-    "$ROOT/$extra/venv/bin/python" scripts/check_install_paths.py "$extra" "$ROOT/$extra/work" \
+    passed=1  # the steps as in the activated environment
+    PATH="$ROOT/$extra/venv/bin:$PATH" VIRTUAL_ENV="$ROOT/$extra/venv" \
+        "$ROOT/$extra/venv/bin/python" scripts/check_install_paths.py "$extra" "$ROOT/$extra/work" \
         || passed=0
     if [[ -n "$installing" ]]; then
         wait "$installing" || die "$next: the install failed (above)"
