@@ -10,6 +10,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# pyproject.toml's optional extras → the top-level modules each brings (a user path that
+# imports one of them names the extra when it is missing: missing_package)
+EXTRA_MODULES = {
+    "serve": ("fastapi", "uvicorn", "starlette", "av", "multipart", "prometheus_client",
+              "pydantic"),
+    "torch": ("torch",),
+}  # fmt: skip
+PACKAGE = "moss_gguf_cli"
+
 
 def is_debug() -> bool:
     """MOSS_GGUF_DEBUG=1: show tracebacks (the CLI's and the server's)."""
@@ -66,3 +75,26 @@ class ToolError(MossGgufError):
     """An external tool (llama.cpp, onnxruntime) is missing or failed."""
 
     exit_code = 1
+
+
+def extra_hint(extra: str) -> str:
+    """How to add an extra to the installed moss-gguf (pip takes it from the installed
+    package's own metadata; in the clone `pip install '.[EXTRA]'` does the same)."""
+    return f"pip install 'moss-gguf[{extra}]'"
+
+
+def missing_package(exc: ImportError) -> MossGgufError | None:
+    """A module that is not installed, as one line: an extra's names the extra, any other
+    (a dependency of the package itself) asks for the install again. None: not a missing
+    module (a broken import inside the package is a bug, not an install)."""
+    top = (exc.name or "").split(".")[0]
+    if not isinstance(exc, ModuleNotFoundError) or not top or top == PACKAGE:
+        return None
+    for extra, modules in EXTRA_MODULES.items():
+        if top in modules:
+            return ToolError(f"this needs the {extra} extra ({top} is not installed)",
+                             hint=extra_hint(extra))  # fmt: skip
+    return ToolError(
+        f"the Python package {top} is not installed, and moss-gguf needs it",
+        hint="install moss-gguf again: bash scripts/install.sh",
+    )

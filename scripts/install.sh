@@ -8,6 +8,10 @@
 #                                          # Debian's chromium + chromium-driver (apt-get, as
 #                                          # root; skipped when both are installed) for the
 #                                          # browser tests of serve's page
+#         bash scripts/install.sh --wheel-only # the llama-cpp-python wheel in the cache
+#                                              # (built if missing), nothing installed:
+#                                              # scripts/check-installs.sh, before the fresh
+#                                              # environments that take it from there
 #         bash scripts/install.sh --gpu cuda   # llama.cpp with a GPU backend as well:
 #                                              # cuda, vulkan or metal (the CPU build is the
 #                                              # default; `moss-gguf doctor` says what is
@@ -59,10 +63,11 @@ GPU=""
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --test) MODE=test ;;
+        --wheel-only) MODE=wheel ;;
         --gpu)
             GPU=${2:-}
             shift ;;
-        *) die "unknown option ${1} (use --test, --gpu cuda|vulkan|metal, or nothing)" ;;
+        *) die "unknown option ${1} (use --test, --wheel-only, --gpu cuda|vulkan|metal, or nothing)" ;;
     esac
     shift
 done
@@ -87,9 +92,12 @@ BUILD="$CACHE/build/llama-cpp-python-$VER-$KEY"
 export CMAKE_BUILD_PARALLEL_LEVEL=${MOSS_GGUF_BUILD_JOBS:-$(nproc 2>/dev/null || echo 2)}
 START=$(date +%s)
 
-installed=$("$PYTHON" -c 'import llama_cpp; print(llama_cpp.__version__)' 2>/dev/null || true)
-offloads=$("$PYTHON" -c 'import llama_cpp; print(int(llama_cpp.llama_supports_gpu_offload()))' \
-    2>/dev/null || echo 0)
+installed="" offloads=0
+if [[ "$MODE" != wheel ]]; then  # --wheel-only: the cached wheel alone matters
+    installed=$("$PYTHON" -c 'import llama_cpp; print(llama_cpp.__version__)' 2>/dev/null || true)
+    offloads=$("$PYTHON" -c 'import llama_cpp; print(int(llama_cpp.llama_supports_gpu_offload()))' \
+        2>/dev/null || echo 0)
+fi
 if [[ -n "$GPU" && "$offloads" != 1 ]]; then
     installed=""  # the installed build has no GPU backend: build the one asked for
 fi
@@ -112,6 +120,10 @@ else
         wheel=$(ls "$WHEELS"/llama_cpp_python-"$VER"-*.whl | head -n 1)
     else
         log "using the cached llama-cpp-python wheel $(basename "$wheel")"
+    fi
+    if [[ "$MODE" == wheel ]]; then
+        log "the wheel is $wheel"
+        exit 0
     fi
     "$PYTHON" -m pip install --quiet --force-reinstall --no-deps "$wheel" >&2
     # its own dependencies (numpy, jinja2, diskcache, typing-extensions)

@@ -1,7 +1,11 @@
-"""The install: one pinned llama.cpp, CPU flags from /proc/cpuinfo, doctor's fit row."""
+"""The install: one pinned llama.cpp, CPU flags from /proc/cpuinfo, doctor's fit row; a
+missing package named by its extra; the installs check (scripts/check-installs.sh) covering
+every extra a user installs, and failing when torch is imported on a user path again."""
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -195,3 +199,140 @@ def test_threads_default_to_the_physical_cores():
     }
     assert cores == len(siblings)  # one per core, whatever its hardware threads
     assert SYNTH_DEFAULTS["n_threads"] == 0
+
+
+# ----------------------------------------------------------------------------- a missing package
+
+
+@pytest.mark.parametrize(
+    "module, words",
+    [("torch", "needs the torch extra (torch is not installed) (pip install 'moss-gguf[torch]')"),
+     ("av", "needs the serve extra (av is not installed) (pip install 'moss-gguf[serve]')"),
+     ("uvicorn.config", "needs the serve extra (uvicorn is not installed)"),
+     ("numpy", "numpy is not installed, and moss-gguf needs it (install moss-gguf again")],
+)  # fmt: skip
+def test_a_missing_package_names_its_extra(module: str, words: str) -> None:
+    from moss_gguf_cli.errors import missing_package
+
+    found = missing_package(ModuleNotFoundError(f"No module named {module!r}", name=module))
+    assert found is not None and words in found.one_line()
+    # a broken import inside the package is a bug to report, not an install to fix
+    assert missing_package(ModuleNotFoundError("x", name="moss_gguf_cli.nope")) is None
+    assert missing_package(ImportError("cannot import name 'x'", name="numpy")) is None
+
+
+def test_the_catch_point_renders_a_missing_extra_as_one_line(tmp_path: Path) -> None:
+    """uvicorn missing (the process's import of it fails as when it is not installed): serve
+    says which extra in one line, not "unexpected" (the config is never read: the import is
+    first)."""
+    code = ("import sys; sys.modules['uvicorn'] = None\n"
+            "from moss_gguf_cli.cli.app import main\n"
+            f"sys.argv = ['moss-gguf', 'serve', '--config', {str(tmp_path / 'm.yaml')!r}]\n"
+            "main()\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    line = done.stderr.strip()
+    assert done.returncode == 1 and len(line.splitlines()) == 1, line
+    assert "serve extra (uvicorn is not installed)" in line and "unexpected" not in line
+
+
+# ----------------------------------------------------------------------------- the installs check
+
+# Not in the environment the check test builds: torch's own top-level names, and this package
+# (the copy under test takes its place)
+WITHOUT = ("torch", "torchgen", "functorch", "moss_gguf", "__editable__")
+
+
+def extras_in_pyproject() -> set[str]:
+    text = (REPO / "pyproject.toml").read_text()
+    section = text.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+    return set(re.findall(r"^([a-z][a-z0-9-]*) = \[", section, re.M))
+
+
+def test_every_extra_is_documented_and_the_check_installs_each_users_one() -> None:
+    """docs/install.md's table lists pyproject.toml's extras; every install line and hint names
+    one of them; the installs check makes an environment for each a user installs (torch and
+    test: the suite's own environment, command 2), and .ci/run runs it after the README's two
+    commands."""
+    extras = extras_in_pyproject()
+    assert {"serve", "torch", "test", "gguf-tokenizer"} <= extras
+    install = (REPO / "docs" / "install.md").read_text()
+    table = install.split("## Extras", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (none|`[a-z-]+`) \|", table, re.M)
+    assert {r.strip("`") for r in rows} == extras | {"none"}
+    named = set()
+    for page in [REPO / "README.md", REPO / "README_zh.md", *(REPO / "docs").rglob("*.md")]:
+        text = page.read_text(encoding="utf-8")
+        named |= set(re.findall(r"pip install '(?:\.|moss-gguf)\[([a-z-]+)\]'", text))
+    code = "\n".join(p.read_text() for p in (REPO / "moss_gguf_cli").rglob("*.py"))
+    named |= set(re.findall(r'extra_hint\("([a-z-]+)"\)', code))
+    from moss_gguf_cli.errors import EXTRA_MODULES
+
+    named |= set(EXTRA_MODULES)
+    assert {"serve", "torch", "gguf-tokenizer"} <= named and named <= extras, named - extras
+    script = (REPO / "scripts" / "check-installs.sh").read_text()
+    checked = set(re.search(r"^EXTRAS_ALL=\(([^)]*)\)", script, re.M).group(1).split())
+    assert checked == (extras | {"none"}) - {"torch", "test"}
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    tests_at = next(i for i, line in enumerate(ci) if line.endswith("python -m pytest -q"))
+    assert ci[tests_at + 1:].count("bash scripts/check-installs.sh") == 1
+
+
+def torchless_environment(root: Path, package: Path) -> Path:
+    """A virtual environment holding what this one holds but torch, with PACKAGE's copy of
+    moss_gguf_cli and its `moss-gguf` console script: the packages are links to this one's
+    (nothing is downloaded), read through a .pth file of the new environment."""
+    import sysconfig
+
+    site = Path(sysconfig.get_paths()["purelib"])
+    deps = root / "deps"
+    deps.mkdir(parents=True)
+    for entry in site.iterdir():
+        if not entry.name.startswith(WITHOUT) and entry.suffix != ".pth":
+            (deps / entry.name).symlink_to(entry)
+    env = root / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    own_site = next((env / "lib").glob("python3*/site-packages"))
+    (own_site / "deps.pth").write_text(f"{deps}\n{package}\n")
+    script = env / "bin" / "moss-gguf"  # what pip writes for [project.scripts]
+    script.write_text(f"#!{env / 'bin' / 'python'}\nimport sys\n"
+                      "from moss_gguf_cli.cli.app import main\nsys.exit(main())\n")  # fmt: skip
+    script.chmod(0o755)
+    return env
+
+
+def test_the_installs_check_fails_when_torch_is_imported_on_a_user_path(tmp_path: Path) -> None:
+    """The check's steps (the first two: no torch, every --help) in an environment without
+    torch pass on a copy of the package as it is, and fail, naming torch, once the copy's
+    tokenizer module (on `all`'s path for a bare first-class file, imported by every command)
+    imports torch again, as it did through transformers before."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    for part in ("moss_gguf_cli", "scripts"):
+        shutil.copytree(REPO / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
+    env = torchless_environment(tmp_path / "torchless", copy)
+    run_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    run_env["PATH"] = f"{env / 'bin'}:{os.environ['PATH']}"
+
+    def check() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", str(copy / "scripts" / "check-installs.sh"), "--here", "gguf-tokenizer",
+             "--only", "torch,help"],
+            capture_output=True, text=True, env=run_env, timeout=300,
+        )  # fmt: skip
+
+    done = check()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ok  gguf-tokenizer: import torch fails" in done.stdout
+    assert "ok  gguf-tokenizer: every command's --help" in done.stdout
+    module = copy / "moss_gguf_cli" / "gguf" / "tokenizer_files.py"
+    text = module.read_text()
+    assert "\nimport gguf\n" in text
+    module.write_text(text.replace("\nimport gguf\n", "\nimport gguf\nimport torch  # noqa\n", 1))
+    done = check()
+    assert done.returncode != 0
+    assert "ok  gguf-tokenizer: import torch fails" in done.stdout
+    assert "every command's --help" not in done.stdout
+    assert "FAILED (gguf-tokenizer)" in done.stderr
+    assert "No module named 'torch'" in done.stderr

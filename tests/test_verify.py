@@ -522,7 +522,7 @@ def test_deep_without_torch_is_a_clear_error(good: Path, monkeypatch) -> None:
     )
     with pytest.raises(UsageError, match="--deep needs torch") as err:
         verify(good, deep=True)
-    assert "(pip install torch==2.13.0)" in err.value.one_line()
+    assert "(pip install 'moss-gguf[torch]')" in err.value.one_line()
 
 
 # ----------------------------------------------------------------------------- CLI

@@ -9,11 +9,13 @@ from typing import NoReturn
 
 from rich.markup import escape
 
-from ..errors import MossGgufError, is_debug
+from ..errors import MossGgufError, is_debug, missing_package
 from ._output import stderr
 
 
 def _line(exc: BaseException) -> tuple[str, int]:
+    if isinstance(exc, ImportError) and (missing := missing_package(exc)) is not None:
+        exc = missing  # an extra or a dependency not installed: never "unexpected"
     if isinstance(exc, MossGgufError):
         return exc.one_line(), exc.exit_code
     if isinstance(exc, KeyboardInterrupt):

@@ -8,8 +8,6 @@ from typing import Annotated
 import typer
 
 from ..doctor import preflight
-from ..errors import ToolError
-from ..serve import EXTRA_MODULES
 from ..serve.settings import ServeSettings
 from ._command import command
 from ._options import Quiet, Verbose
@@ -133,15 +131,9 @@ def serve_command(
 
 
 def _server():
-    """run_server, or a one-line error naming the extra when its packages are missing."""
-    try:  # lazy: the serve extra may be missing, and that is one line naming it
-        from ..serve.server import run_server
-    except ImportError as exc:
-        top = (exc.name or "").split(".")[0]
-        if top not in EXTRA_MODULES:
-            raise
-        raise ToolError(
-            f"moss-gguf serve needs the serve extra ({top} is not installed)",
-            hint="pip install 'moss-gguf[serve]'",
-        ) from exc
+    """run_server; the serve extra's packages imported only now, so a missing one is one line
+    naming the extra (the catch point: errors.missing_package)."""
+    # lazy: the serve extra may be missing
+    from ..serve.server import run_server
+
     return run_server

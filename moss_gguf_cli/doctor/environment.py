@@ -16,7 +16,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from ..disk.staging import human_bytes
-from ..errors import MossGgufError
+from ..errors import MossGgufError, extra_hint
 from ..native import libllama
 from ..native.cpu_features import REINSTALL_HINT, build_fit
 from ..report import FAIL, PASS, WARN, CheckRow
@@ -150,7 +150,7 @@ def torch_row() -> CheckRow:
             "torch",
             WARN,
             "not installed (optional: only `verify --deep` needs it)",
-            "pip install torch==2.13.0 (the CPU wheel is enough)",
+            extra_hint("torch"),
         )
     return CheckRow("versions", "torch", PASS, f"{version} (optional, for `verify --deep`)")
 

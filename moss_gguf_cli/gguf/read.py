@@ -116,6 +116,22 @@ class GgufFile:
                 pos += 8 + n
         return out
 
+    def array(self, key: str) -> list | None:
+        """A whole array of strings or scalars, read from the file; None: no such array."""
+        arr = self.kv.get(key)
+        if not isinstance(arr, GgufArray) or arr.itype not in (*_SCALARS, _STRING):
+            return None
+        with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            if arr.itype in _SCALARS:
+                fmt = f"{self.endian}{arr.count}{_SCALARS[arr.itype]}"
+                return list(struct.unpack_from(fmt, mm, arr.offset))
+            out, pos, fmt = [], arr.offset, self.endian + "Q"
+            for _ in range(arr.count):
+                (n,) = struct.unpack_from(fmt, mm, pos)
+                out.append(mm[pos + 8 : pos + 8 + n].decode("utf-8", "replace"))
+                pos += 8 + n
+            return out
+
 
 class _Header:
     """A cursor over a memory-mapped GGUF header."""

@@ -25,7 +25,7 @@ What lives here:
 
 May import (rank 7): tts/ and the top level (errors, progress, hold_points: a test's hold point);
 nothing imports it except cli/serve_cmd.py. FastAPI, uvicorn, PyAV and prometheus_client come with
-the optional `serve` extra, so only settings.py is imported before the extra is checked.
+the optional `serve` extra (errors.EXTRA_MODULES names its modules), so only settings.py is
+imported before the extra is checked.
 """
 
-EXTRA_MODULES = ("fastapi", "uvicorn", "av", "multipart", "prometheus_client", "pydantic")

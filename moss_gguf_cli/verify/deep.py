@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import UsageError
+from ..errors import UsageError, extra_hint
 from ..gguf.read import file_type_name
 from ..report import FAIL, PASS
 from ..source.checkpoint import MossConfig
@@ -196,7 +196,7 @@ def check_deep_deps() -> None:
     if importlib.util.find_spec("torch") is None:
         raise UsageError(
             "--deep needs torch for the reference forward, which is not installed",
-            hint="pip install torch==2.13.0",
+            hint=extra_hint("torch"),
         )
     if importlib.util.find_spec("llama_cpp") is None:
         raise UsageError(

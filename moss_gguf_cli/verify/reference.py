@@ -13,7 +13,7 @@ The model, per layer (pre-norm residual blocks):
 RMSNorm: x / sqrt(mean(x²) + eps) · w; q/k norms apply per head over head_dim. RoPE is the
 NEOX layout (the two halves of each head rotate together) with base rope_theta. Attention is
 causal, grouped-query (query head i reads key/value head i // (heads / kv_heads)), scaled by
-1/sqrt(head_dim). torch is an optional extra (``pip install torch==2.13.0``), imported lazily.
+1/sqrt(head_dim). torch is the optional ``torch`` extra, imported lazily.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import InputError, UsageError
+from ..errors import InputError, UsageError, extra_hint
 from ..gguf.write import Qwen3Params, SourceTensor
 from ..source.backbone import open_backbone
 from ..source.safetensors_io import bf16_to_f32
@@ -38,7 +38,7 @@ def _torch():
         import torch
     except ImportError as exc:
         raise UsageError(
-            "the reference forward needs torch", hint="pip install torch==2.13.0"
+            "the reference forward needs torch", hint=extra_hint("torch")
         ) from exc
     return torch
 
