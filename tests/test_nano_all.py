@@ -159,10 +159,11 @@ def relist(folder: Path, rel: str) -> None:
 
 
 def test_verify_passes_the_folder_and_checks_the_source(builtin_folder):
-    for extra in ((), ("--source", "builtin:tiny-nano")):
+    for extra in ((), ("--source", "builtin:tiny-nano"), ("--deep",)):
         rows = verify_rows(builtin_folder, *extra)
         assert all(r["status"] == "pass" for r in rows.values()), rows
         assert "nano_global_q8_0.gguf: values vs source" in rows and "arrays vs source" in rows
+    assert "nano_global_q8_0.gguf: llama.cpp vs exact" in rows  # --deep's row
 
 
 def test_verify_without_the_source_says_the_values_are_unchecked(builtin_folder, tmp_path):
@@ -226,6 +227,8 @@ def test_verify_catches_a_wrong_permutation(builtin_folder, tmp_path):
     assert rows["nano_global_q8_0.gguf: header"]["status"] == "pass"
     row = rows["nano_global_q8_0.gguf: values vs source"]
     assert row["status"] == "fail" and "attn_qkv" in row["detail"], row
+    row = verify_rows(out, "--deep")["nano_global_q8_0.gguf: llama.cpp vs exact"]
+    assert row["status"] == "fail", row  # llama.cpp runs it, on the wrong pairs
 
 
 @pytest.mark.parametrize(

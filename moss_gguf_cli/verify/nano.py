@@ -9,7 +9,7 @@ every array bit for bit, each GGUF tensor as nano/global_gguf.py would write it 
 source (the q/k permutation included: F32 exactly, a quantized type within its limit). The
 source is --source, else what the manifest says the folder was made from where it is still
 here (the builtin, the folder, the Hub snapshot in the cache); without one the values are a
-warning row.
+warning row. `--deep` runs each GGUF in llama.cpp against the exact file (nano_deep.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..disk.confine import boundary, confined, table_header
-from ..errors import InputError
+from ..errors import InputError, UsageError
 from ..gguf.read import GgufFile, GgufFormatError, read_gguf
 from ..nano.checkpoint import NanoCheckpoint, expected_shapes, open_nano
 from ..nano.config import NanoConfig
@@ -33,6 +33,7 @@ from ..report import Rows
 from ..source.checkpoint import BUILTIN_PREFIX
 from ..source.nano_codec import open_nano_codec
 from .manifest import format_manifest, manifest_problems
+from .nano_deep import deep_rows
 from .quality import tensor_threshold
 from .result import GROUPS, VerifyReport
 from .tensors import dequantize_rows
@@ -65,12 +66,26 @@ def verify_nano(target: Path, source: str | None, deep: bool) -> VerifyReport:
     checkpoint = _source(folder, manifest, source, rows)
     if checkpoint is not None:
         _value_rows(folder, checkpoint, ggufs, rows)
+    if deep:
+        _deep(checkpoint, {g: manifest["quant_types"][g.name] for g in ggufs}, folder, rows)
     return VerifyReport(
         target=folder, kind=KIND, rows=sorted(rows.rows, key=lambda r: GROUPS.index(r.group)),
         model={"family": FORMAT, "n_vq": nano.n_vq, "hidden": nano.hidden,
                "layers": nano.dims.layers, "vocab": nano.dims.vocab},
         seconds=time.perf_counter() - started,
     )  # fmt: skip
+
+
+def _deep(checkpoint: NanoCheckpoint | None, ggufs: dict[Path, str], folder: Path,
+          rows: Rows) -> None:  # fmt: skip
+    if checkpoint is None:
+        raise UsageError(
+            "--deep compares llama.cpp with the exact file written from the source, and the "
+            "source is not here",
+            path=folder,
+            hint="pass --source with the checkpoint the folder was made from",
+        )
+    deep_rows(checkpoint, ggufs, rows)
 
 
 def _json(path: Path) -> dict:
