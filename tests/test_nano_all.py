@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from safetensors.torch import save_file
 from test_hub_weights import add_repo, files_of, run
 from tiny_nano import nano_config, release_state, write_release
 
@@ -99,9 +100,16 @@ def test_synth_says_in_one_line_that_nano_does_not_speak_yet(builtin_folder, tmp
     assert not (tmp_path / "a.wav").exists()
 
 
-def test_a_local_release_folder_converts_and_llama_runs_each_type(tmp_path):
+@pytest.mark.parametrize("kind", ["bin-bf16", "safetensors-f32"])
+def test_a_local_release_folder_converts_and_llama_runs_each_type(tmp_path, kind):
     folder = tmp_path / "release"
-    write_release(folder, LOCAL, release_state(LOCAL, torch.bfloat16))
+    if kind == "bin-bf16":
+        write_release(folder, LOCAL, release_state(LOCAL, torch.bfloat16))
+    else:  # safetensors beside the .bin is read instead; it holds the tables, not the heads
+        write_release(folder, LOCAL, release_state(LOCAL, torch.float32))
+        state = release_state(LOCAL, torch.float32, seed=2)
+        save_file({n: t for n, t in state.items() if "lm_head" not in n},
+                  str(folder / "model.safetensors"))  # fmt: skip
     shutil.copyfile(ensure_tiny_nano() / "tokenizer.model", folder / "tokenizer.model")
     out = tmp_path / "w"
     rc, _, stderr = cli("all", "--model", str(folder), "--output", str(out), "--file-type",
@@ -111,6 +119,8 @@ def test_a_local_release_folder_converts_and_llama_runs_each_type(tmp_path):
     made = json.loads((out / "manifest.json").read_text())["made_from"]["source"]
     assert made["folder"] == str(folder.resolve())
     opened = open_nano(folder)
+    assert opened.weights.name == ("pytorch_model.bin" if kind == "bin-bf16" else
+                                   "model.safetensors")  # fmt: skip
     f32 = out / "nano_global_f32.gguf"
     assert f32.read_bytes() == write_global_f32(opened, tmp_path / "again.gguf").read_bytes()
     rows = np.asarray(opened.tensors["transformer.wte.weight"], np.float32)[10:34]
@@ -175,6 +185,9 @@ def test_verify_without_the_source_says_the_values_are_unchecked(builtin_folder,
     path.write_text(json.dumps(manifest))
     row = verify_rows(out)["values vs source"]
     assert row["status"] == "warn" and "not checked" in row["detail"]
+    rc, _, stderr = cli("verify", str(out), "--deep", cache=tmp_path)
+    assert rc == 2 and len(stderr.strip().splitlines()) == 1, stderr
+    assert "the source is not here" in stderr
 
 
 def test_verify_catches_a_tampered_tensor(builtin_folder, tmp_path):
