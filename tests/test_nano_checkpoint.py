@@ -176,16 +176,15 @@ def refusal(command: str, tmp_path: Path) -> str:
     return lines[0]
 
 
-def test_all_reads_a_nano_folder_through_its_family_and_says_conversion_is_coming(tmp_path):
-    write_release(tmp_path / "nano")
-    line = refusal("all", tmp_path)
-    assert "tensors in pytorch_model.bin, read and checked" in line
-    assert "converting it is coming (issue #47)" in line
+def test_all_reads_a_nano_folder_through_its_family_before_any_output(tmp_path):
+    write_release(tmp_path / "nano")  # no tokenizer.model: read, checked, then refused
+    assert "tokenizer.model is missing" in refusal("all", tmp_path)
 
 
-def test_the_delay_commands_refuse_a_nano_folder_saying_it_is_coming(tmp_path):
+def test_the_delay_commands_refuse_a_nano_folder_pointing_at_all(tmp_path):
     write_release(tmp_path / "nano")
-    assert "is not a MOSS delay model; converting it is coming" in refusal("extract", tmp_path)
+    line = refusal("extract", tmp_path)
+    assert "is not a MOSS delay model; `all` converts it into a Nano folder" in line
 
 
 def test_all_refuses_a_nano_payload_before_any_output_exists(tmp_path):

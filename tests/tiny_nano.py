@@ -12,35 +12,16 @@ import torch
 
 from moss_gguf_cli.nano.checkpoint import expected_shapes
 from moss_gguf_cli.nano.config import NanoConfig
+from moss_gguf_cli.nano.tiny import CONFIG as TINY_NANO
 
-# the release's keys (DESIGN §12), at tiny sizes; ids 3..9 as the release has them
+# the release's keys (DESIGN §12) as builtin:tiny-nano has them, at tinier sizes
 CONFIG = {
-    "architectures": ["MossTTSNanoForCausalLM"],
-    "model_type": "moss_tts_nano",
-    "model_architecture": "global_local_transformer",
+    **copy.deepcopy(TINY_NANO),
     "n_vq": 3,
     "audio_vocab_size": 16,
     "audio_pad_token_id": 16,
-    "pad_token_id": 3,
-    "im_start_token_id": 4,
-    "im_end_token_id": 5,
-    "audio_start_token_id": 6,
-    "audio_end_token_id": 7,
-    "audio_user_slot_token_id": 8,
-    "audio_assistant_slot_token_id": 9,
-    "local_transformer_layers": 1,
-    "gpt2_config": {
-        "n_embd": 32,
-        "n_layer": 2,
-        "n_head": 4,
-        "n_inner": 48,
-        "vocab_size": 40,
-        "n_positions": 64,
-        "activation_function": "gelu_new",
-        "layer_norm_epsilon": 1e-5,
-        "position_embedding_type": "rope",
-        "rope_base": 10000,
-    },
+    "gpt2_config": {**TINY_NANO["gpt2_config"], "n_embd": 32, "n_inner": 48, "vocab_size": 40,
+                    "n_positions": 64},  # fmt: skip
 }
 
 

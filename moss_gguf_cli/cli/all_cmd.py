@@ -13,11 +13,13 @@ from ..errors import UsageError
 from ..gguf.first_class import FORMAT
 from ..pipeline.audio_codec import DEFAULT_REPO as CODEC_REPO
 from ..pipeline.first_class import FirstClassFolder
+from ..pipeline.nano import NanoRun
 from ..pipeline.recipes import Recipe, load_recipe
 from ..pipeline.route import AllRequest, run_request
 from ..pipeline.run import AllResult, AllSettings
 from ..quantize.engines import Engine
 from ..source.audio_tokenizer import DEFAULT_REPO, parse_flag
+from ..source.nano_codec import DEFAULT_REPO as NANO_CODEC_REPO
 from ._command import command
 from ._options import CacheDir, Force, LlamaCppDir, Quiet, Revision, Verbose
 from ._output import OutputMode, info, progress_for, setup_logging, stdout
@@ -48,6 +50,9 @@ EXAMPLES = """
       --pytorch-audio-tokenizer OpenMOSS-Team/MOSS-Audio-Tokenizer
   [dim](and the audio tokenizer as the fork's native encoder/decoder GGUFs)[/dim]
 
+  moss-gguf all --model OpenMOSS-Team/MOSS-TTS-Nano-100M --output w-nano
+  [dim](MOSS-TTS-Nano: its own folder, a Q8_0 global GGUF beside float32 arrays; docs/nano.md)[/dim]
+
   moss-gguf all --model w/moss-tts-delay_q4_k_m.gguf --output w-backend
   [dim](a first-class GGUF, folder or Hub repo read back into the layout synth speaks)[/dim]
 
@@ -72,7 +77,8 @@ def all_command(
             "--model",
             "-m",
             help="MOSS-TTS checkpoint or pre-converted repo: a local folder, a Hugging Face "
-            "repo id, or builtin:tiny (default: the recipe's).",
+            "repo id, builtin:tiny, or MOSS-TTS-Nano (a folder, OpenMOSS-Team/MOSS-TTS-Nano-100M "
+            "or builtin:tiny-nano) (default: the recipe's).",
         ),
     ] = None,
     recipe: Annotated[
@@ -83,7 +89,8 @@ def all_command(
         list[str] | None,
         typer.Option(
             "--file-type", "--quant",
-            help="llama.cpp file type to quantize to (repeatable; default Q4_K_M).",
+            help="llama.cpp file type to quantize to (repeatable; default Q4_K_M, "
+            "MOSS-TTS-Nano: Q8_0).",
         ),
     ] = None,
     outtype: Annotated[
@@ -109,7 +116,8 @@ def all_command(
         str | None,
         typer.Option(
             help="Audio tokenizer to include: a folder with its encoder/decoder .onnx, a Hub repo "
-            f"id, or none. Default: the model's, {DEFAULT_REPO} (builtin models: a tiny one).",
+            f"id, or none. Default: the model's, {DEFAULT_REPO} (MOSS-TTS-Nano: "
+            f"{NANO_CODEC_REPO}, its ONNX release; builtin models: a tiny one).",
         ),
     ] = None,
     audio_tokenizer_revision: Annotated[
@@ -156,10 +164,11 @@ def all_command(
     model = model or r.model
     if not model:
         raise UsageError("no model given", hint="pass --model, or --config with a recipe")
+    asked = file_types or r.file_types
     settings = AllSettings(
         model=model,
         output=output,
-        file_types=file_types or r.file_types or ["Q4_K_M"],
+        file_types=asked or ["Q4_K_M"],
         outtype=outtype or r.outtype or "auto",
         engine=engine or r.engine or Engine.AUTO.value,
         synth=r.synth,
@@ -174,9 +183,11 @@ def all_command(
         native_codec=pytorch_audio_tokenizer,
         threads=threads,
     )
-    request = AllRequest(settings, fmt, audio_tables_type)
+    request = AllRequest(settings, fmt, audio_tables_type, default_types=not asked)
     with progress_for(mode) as bar:
         outcome = run_request(request, progress=bar)
+    if outcome.nano is not None:
+        _nano_summary(outcome.nano, mode, quiet)
     result, folder = outcome.result, outcome.folder
     if result is not None:
         if not quiet:
@@ -238,3 +249,29 @@ def _first_class_summary(folder: FirstClassFolder, mode: OutputMode, quiet: bool
         f"llama-moss-tts -m {folder.ggufs[0]} --print-delay-config",
         soft_wrap=True,
     )
+
+
+def _nano_summary(run: NanoRun, mode: OutputMode, quiet: bool) -> None:
+    """The Nano folder's parts and verify's verdict; speaking it is #52."""
+    folder = run.folder
+    if quiet:
+        typer.echo(str(folder.output))
+    else:
+        files = Table(title=f"{folder.output} (MOSS-TTS-Nano)", title_justify="left")
+        files.add_column("file")
+        files.add_column("size", justify="right")
+        parts = (*[g.name for g in folder.ggufs], "tables/", "local_transformer/",
+                 "tokenizer.model", "audio_tokenizer/")  # fmt: skip
+        for name in parts:
+            size = sum(s for p, s in folder.files if p == name or p.startswith(name))
+            files.add_row(name, human_bytes(size))
+        stdout.print(files)
+        counts = run.report.counts
+        stdout.print(f"verify: {counts['pass']} passed, {counts['warn']} warnings, "
+                     f"{counts['fail']} failed")  # fmt: skip
+    for row in run.report.failures():
+        stdout.print(f"verify failed: {row.name}: {row.detail}", soft_wrap=True)
+    stdout.print("speaking MOSS-TTS-Nano is not built yet (issue #52); "
+                 f"moss-gguf verify {folder.output} checks the folder", soft_wrap=True)
+    if not run.report.ok:
+        raise typer.Exit(1)

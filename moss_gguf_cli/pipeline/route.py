@@ -12,8 +12,8 @@ before a pre-converted repo, as both are GGUFs). `choose_route` is the one table
                                               at: it reads the model)   reading the model itself
 
 `run_request` is what the CLI calls: the request as given, the route chosen and run. A local
-MOSS-TTS-Nano folder is not a delay input: it is read and checked by its own family first
-(`refuse_nano_for_now`), and refused until its conversion lands (#47).
+MOSS-TTS-Nano checkpoint (a local folder whose config says so, a Hub id named MOSS-TTS-Nano,
+builtin:tiny-nano) is not a delay input: it goes to its own family first (pipeline/nano.py).
 """
 
 from __future__ import annotations
@@ -22,10 +22,9 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 
-from ..errors import UnsupportedModelError, UsageError
+from ..errors import UsageError
 from ..gguf.codec import FORMAT as CODEC_FORMAT
 from ..gguf.first_class import FORMAT, parse_audio_tables_type
-from ..nano.checkpoint import is_nano_folder, open_nano
 from ..progress import ProgressReporter, ensure
 from ..source.preconverted import GgufRepo, recognise
 from .audio_codec import NATIVE_FLAG
@@ -38,6 +37,7 @@ from .first_class import (
     run_first_class,
 )
 from .from_first_class import FirstClassInput, find_first_class
+from .nano import NanoRun, is_nano_input, run_nano
 from .run import AllResult, AllSettings, run_all, run_from_first_class, run_preconverted
 
 
@@ -110,6 +110,7 @@ class AllRequest:
     settings: AllSettings
     formats: list[str] | None = None
     audio_tables: str | None = None
+    default_types: bool = False  # no --file-type given: each family's default (Nano: Q8_0)
 
 
 @dataclass
@@ -117,6 +118,7 @@ class AllOutcome:
     route: Route
     result: AllResult | None = None  # the backend folder's
     folder: FirstClassFolder | None = None  # the first-class folder's
+    nano: NanoRun | None = None  # a MOSS-TTS-Nano folder's
 
 
 def run_request(request: AllRequest, progress: ProgressReporter | None = None) -> AllOutcome:
@@ -124,8 +126,12 @@ def run_request(request: AllRequest, progress: ProgressReporter | None = None) -
     route and run it."""
     bar = ensure(progress)
     settings, tables = request.settings, request.audio_tables
-    refuse_nano_for_now(settings.model)
     formats = parse_formats(request.formats)
+    if is_nano_input(settings.model):
+        if tables is not None:
+            raise UsageError("--audio-tables-type does not apply to MOSS-TTS-Nano")
+        nano = run_nano(settings, formats, request.default_types, bar)
+        return AllOutcome(Route(None, False), nano=nano)
     if tables is not None and FORMAT not in formats:
         raise UsageError(
             "--audio-tables-type applies to the first-class format only",
@@ -154,22 +160,6 @@ def run_request(request: AllRequest, progress: ProgressReporter | None = None) -
     result = _backend(route.backend, settings, found, bar)
     folder = run_first_class(_beside(settings), bar, audio_tables=tables)
     return AllOutcome(route, result, folder)
-
-
-def refuse_nano_for_now(model: str) -> None:
-    """A local MOSS-TTS-Nano folder goes to its own family (nano/), which reads and checks it
-    (its pickle refused before anything is written), then is refused in one line: converting
-    it is the rest of issue #47. A Hub id is not looked at here; the delay family refuses it."""
-    folder = Path(model).expanduser()
-    if model.startswith("builtin:") or not folder.is_dir() or not is_nano_folder(folder):
-        return
-    opened = open_nano(folder)
-    raise UnsupportedModelError(
-        f"MOSS-TTS-Nano ({len(opened.tensors)} tensors in {opened.weights.name}, read and "
-        "checked) does not convert yet; converting it is coming (issue #47)",
-        path=folder,
-        hint="this version converts MOSS delay models only",
-    )
 
 
 def _beside(settings: AllSettings) -> AllSettings:

@@ -224,12 +224,12 @@ def detect_lookalike(config: dict[str, Any], path: Path) -> None:
     """Refuse, with the likely model name, what is not a MOSS delay model."""
     model_type = str(config.get("model_type", ""))
     archs = [str(a) for a in config.get("architectures") or []]
-    if model_type == "moss_tts_nano":  # its own family (nano/), not yet wired into `all`
+    if model_type == "moss_tts_nano":  # its own family (nano/): `all` routes it there
         raise UnsupportedModelError(
-            "MOSS-TTS-Nano (model_type 'moss_tts_nano') is not a MOSS delay model; converting "
-            "it is coming (issue #47)",
+            "MOSS-TTS-Nano (model_type 'moss_tts_nano') is not a MOSS delay model; `all` "
+            "converts it into a Nano folder (docs/nano.md)",
             path=path,
-            hint="this version converts MOSS delay models only",
+            hint="run: moss-gguf all --model FOLDER --output DIR",
         )
     if model_type in _REFUSED_TYPES:
         raise UnsupportedModelError(

@@ -22,6 +22,8 @@ from ..disk.confine import boundary, child, confined
 from ..errors import InputError
 
 META = "codec_browser_onnx_meta.json"
+DEFAULT_REPO = "OpenMOSS-Team/MOSS-Audio-Tokenizer-Nano-ONNX"
+HUB_PATTERNS = [META, "*.onnx", "*.data", "*.onnx.data", "*.onnx_data"]
 ROLES = ("encode", "decode_full", "decode_step")
 # the inputs and outputs each graph must have, by name (decode_step adds its state)
 NAMES = {
@@ -29,7 +31,7 @@ NAMES = {
     "decode_full": (("audio_codes", "audio_code_lengths"), ("audio", "audio_lengths")),
     "decode_step": (("audio_codes", "audio_code_lengths"), ("audio", "audio_lengths")),
 }
-_HINT = "download the codec's ONNX release again (OpenMOSS-Team/MOSS-Audio-Tokenizer-Nano-ONNX)"
+_HINT = f"download the codec's ONNX release again ({DEFAULT_REPO})"
 
 
 @dataclass(frozen=True)

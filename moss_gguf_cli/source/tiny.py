@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,12 +84,18 @@ def ensure_tiny(variant: str = "tiny") -> Path:
             hint="choose one of " + ", ".join(f"builtin:{v}" for v in VARIANTS),
         )
     dest = cache_root() / "builtin" / f"{variant}-v{BUILDER_VERSION}"
+    return build_cached(dest, lambda tmp: write_tiny(tmp, spec))
+
+
+def build_cached(dest: Path, write: Callable[[Path], object]) -> Path:
+    """DEST, written by WRITE into a hidden folder beside it and renamed into place when it has
+    no config.json yet (a builtin checkpoint: built once, never seen half-written)."""
     if (dest / "config.json").is_file():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{variant}-", dir=dest.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
     try:
-        write_tiny(tmp, spec)
+        write(tmp)
         tmp.chmod(0o755)  # mkdtemp makes it private; the cache is ordinary data
         try:
             tmp.rename(dest)

@@ -35,6 +35,9 @@ PATH_KEYS = (
     "model_config",
 )
 REQUIRED_KEYS = ("backbone_gguf", "embedding_dir", "lm_head_dir", "tokenizer_dir")
+# a synth config that says which family it is (nano/layout.py writes it); none: the delay family
+FAMILY_KEY = "family"
+NANO_FAMILY = "moss-tts-nano"
 INT_KEYS = (
     "n_ctx",
     "n_batch",
@@ -135,6 +138,13 @@ class SynthConfig:
     def from_dict(
         cls, data: dict[str, Any], base: Path | None = None, source: Path | None = None
     ) -> SynthConfig:
+        if data.get(FAMILY_KEY) == NANO_FAMILY:
+            raise UnsupportedModelError(
+                "this is a MOSS-TTS-Nano folder's config; speaking Nano is not built yet "
+                "(issue #52)",
+                path=source,
+                hint="moss-gguf verify checks the folder; synth speaks MOSS delay models",
+            )
         base = base or Path.cwd()
         names = {f.name for f in dataclasses.fields(cls)} - {"source"}
         values: dict[str, Any] = {}

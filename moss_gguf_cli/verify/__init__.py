@@ -14,7 +14,8 @@ manifest), values.py (one read of every file: hashes, Inf/NaN, equality with the
 metadata.py (the GGUF header), tokenizer.py, source.py (tables against the GGUF, everything
 against the source), deep.py (--deep: llama.cpp against a torch reference); quality.py holds
 the limits, tensors.py the tensor reads and measures; context.py the state they share;
-reference.py the torch forward --deep compares llama.cpp with.
+reference.py the torch forward --deep compares llama.cpp with; nano.py a MOSS-TTS-Nano
+folder's own rows.
 
 May import: nano/, tts/, quantize/, source/, gguf/, disk/, native/ and the top level (errors,
 progress, report, hold_points) (rank 6); never doctor/ (beside it), pipeline/ or cli/.
@@ -44,6 +45,7 @@ from .deep import (
 from .first_class import is_first_class, verify_first_class
 from .metadata import gguf_checks, parse_ggufs
 from .model_facts import Facts, facts_from_config
+from .nano import nano_manifest, verify_nano
 from .quality import (
     DEEP_THRESHOLDS,
     TENSOR_MAX_REL_RMSE,
@@ -108,6 +110,8 @@ def verify(
         raise UsageError("no TARGET given", hint="moss-gguf verify WEIGHTS_FOLDER")
     if is_first_class(Path(target)):  # OpenMOSS's fork's format: its own rows
         return verify_first_class(Path(target), source, deep)
+    if nano_manifest(Path(target).expanduser()) is not None:  # a MOSS-TTS-Nano folder
+        return verify_nano(Path(target), source, deep)
     if codec_part(Path(target)) is not None:  # the fork's codec GGUFs (docs/audio-codec.md)
         return verify_codec_file(Path(target), deep)
     if deep:

@@ -8,12 +8,10 @@ MOSS key against the source config.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
-from ..disk.digests import sha256_file
-from ..disk.layout_names import MANIFEST_NAME, TOKENIZER_DIR
+from ..disk.layout_names import TOKENIZER_DIR
 from ..errors import InputError, UsageError
 from ..gguf.first_class import ARCH_NAME, MOSS_KEYS, hparams
 from ..gguf.first_class_read import check_first_class
@@ -22,6 +20,7 @@ from ..report import Rows
 from ..source.checkpoint import open_checkpoint, resolve_model
 from ..source.first_class import moss_value
 from .audio_codec import native_codec_rows
+from .manifest import format_manifest, manifest_problems
 from .result import GROUPS, VerifyReport
 
 KIND = "first-class"
@@ -29,11 +28,7 @@ KIND = "first-class"
 
 def first_class_manifest(path: Path) -> dict | None:
     """The manifest of a first-class folder, None when path is not one."""
-    try:
-        data = json.loads((Path(path) / MANIFEST_NAME).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and data.get("format") == ARCH_NAME else None
+    return format_manifest(path, ARCH_NAME)
 
 
 def is_first_class(path: Path) -> bool:
@@ -91,15 +86,7 @@ def verify_first_class(target: Path, source: str | None, deep: bool) -> VerifyRe
 def _folder_rows(folder: Path, manifest: dict, rows: Rows) -> list[Path]:
     """The manifest's files and the folder's parts; the GGUFs it lists."""
     rows.group = "manifest"
-    problems = []
-    for f in manifest.get("files") or []:
-        p = folder / f["path"]
-        if not p.is_file():
-            problems.append(f"{f['path']} is missing")
-        elif p.stat().st_size != f["size"]:
-            problems.append(f"{f['path']} has {p.stat().st_size} bytes, listed {f['size']}")
-        elif sha256_file(p) != f["sha256"]:
-            problems.append(f"{f['path']}: sha256 differs from the manifest's")
+    problems = manifest_problems(folder, manifest)
     n = len(manifest.get("files") or [])
     rows.check("manifest files", problems, f"{n} files, sizes and sha256 as listed")
     rows.group = "files"

@@ -1,0 +1,156 @@
+"""`all` on a MOSS-TTS-Nano checkpoint: which inputs are Nano, where its files come from, and
+the Nano folder written (nano/folder.py) and verified.
+
+Nano is told from its config.json for a local folder (nano/config.is_nano); a Hub id is Nano
+when its name is MOSS-TTS-Nano's (`OpenMOSS-Team/MOSS-TTS-Nano-100M`; the config is checked
+once downloaded), so the delay family's Hub path is not changed by an extra download; the
+builtin is `builtin:tiny-nano`. Options that mean nothing for Nano are refused in one line
+before any download.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ..errors import InputError, UsageError
+from ..gguf.first_class import FORMAT as DELAY_FORMAT
+from ..nano.checkpoint import TOKENIZER_NAME, TORCH_NAME, is_nano_folder, open_nano
+from ..nano.folder import NanoFolder, NanoRequest, check_complete, write_nano_folder
+from ..nano.layout import DEFAULT_FILE_TYPE, FORMAT
+from ..nano.tiny import NAME as TINY_NANO
+from ..nano.tiny import ensure_tiny_nano, ensure_tiny_nano_codec_folder
+from ..progress import ProgressReporter, ensure
+from ..quantize.engines import Engine, parse_engine
+from ..quantize.llama import QuantizeSettings
+from ..source.audio_tokenizer import FLAG as CODEC_FLAG
+from ..source.audio_tokenizer import NONE
+from ..source.checkpoint import BUILTIN_PREFIX, INDEX_NAME, SINGLE_NAME
+from ..source.hub import check_files, download, is_repo_id, list_files
+from ..source.nano_codec import DEFAULT_REPO as CODEC_REPO
+from ..source.nano_codec import HUB_PATTERNS as CODEC_PATTERNS
+from ..source.nano_codec import NanoCodec, open_nano_codec
+from ..verify import VerifyReport, verify
+from .made_from import MadeFrom, source_identity
+from .steps import AllSettings
+
+BUILTIN = f"{BUILTIN_PREFIX}{TINY_NANO}"
+HUB_PATTERNS = ["config.json", TORCH_NAME, SINGLE_NAME, INDEX_NAME, "model-*.safetensors",
+                TOKENIZER_NAME, "tokenizer_config.json"]  # fmt: skip
+_HUB_NAME = "moss-tts-nano"
+
+
+def is_nano_input(model: str) -> bool:
+    """Whether --model is a MOSS-TTS-Nano checkpoint (looked at without downloading)."""
+    if model.startswith(BUILTIN_PREFIX):
+        return model == BUILTIN
+    folder = Path(model).expanduser()
+    if folder.exists():
+        return folder.is_dir() and is_nano_folder(folder)
+    return is_repo_id(model) and model.split("/")[-1].lower().startswith(_HUB_NAME)
+
+
+@dataclass
+class NanoRun:
+    folder: NanoFolder
+    report: VerifyReport
+    notes: list[str] = field(default_factory=list)
+
+
+def run_nano(
+    settings: AllSettings,
+    formats: list[str],
+    default_types: bool,
+    progress: ProgressReporter | None = None,
+) -> NanoRun:
+    """The Nano folder at settings.output from settings.model, then verify's rows on it."""
+    bar = ensure(progress)
+    settings = check_nano_settings(settings, formats, default_types)
+    folder = resolve_nano(settings, bar)
+    checkpoint = open_nano(folder)
+    check_complete(checkpoint)  # before the codec's download
+    codec_spec = _codec_spec(settings)
+    codec = resolve_nano_codec(codec_spec, settings, bar)
+    made = MadeFrom(source_identity(settings.model, folder), outtype="f32", codec=codec_spec,
+                    format=FORMAT)  # fmt: skip
+    engine = parse_engine(settings.engine)
+    request = NanoRequest(
+        file_types=settings.file_types,
+        quantize=QuantizeSettings(engine=engine, llama_cpp=settings.llama_cpp,
+                                  imatrix=settings.imatrix, threads=settings.threads),
+        made_from=made.to_json(), source_model=settings.model, codec_source=codec_spec,
+        force=settings.force,
+    )  # fmt: skip
+    written = write_nano_folder(checkpoint, codec, Path(settings.output), request, bar)
+    return NanoRun(written, verify(written.output, source=str(folder), progress=bar))
+
+
+def check_nano_settings(
+    settings: AllSettings, formats: list[str], default_types: bool
+) -> AllSettings:
+    """SETTINGS with Nano's default file type; one line for an option Nano has no use for."""
+    refused = [
+        (DELAY_FORMAT in formats, f"--format {DELAY_FORMAT}"),
+        (settings.native_codec is not None, "--pytorch-audio-tokenizer"),
+        (settings.outtype not in ("auto", "f32"), f"--outtype {settings.outtype}"),
+        (settings.keep_intermediate, "--keep-intermediate"),
+        (bool(settings.synth), "a recipe's synth settings"),
+    ]
+    for bad, option in refused:
+        if bad:
+            raise UsageError(f"{option} does not apply to MOSS-TTS-Nano",
+                             hint="leave it out: the Nano folder is one format, from an F32 "
+                             "GGUF quantized by llama.cpp")  # fmt: skip
+    if parse_engine(settings.engine) is Engine.DIRECT:
+        raise UsageError("the direct engine reads delay checkpoints only",
+                         hint="leave --engine out, or choose binary or library")  # fmt: skip
+    if default_types:
+        settings = replace(settings, file_types=[DEFAULT_FILE_TYPE])
+    return settings
+
+
+def resolve_nano(settings: AllSettings, bar: ProgressReporter) -> Path:
+    """A local folder for the model: the builtin, the folder itself, or a Hub snapshot (its
+    files checked against the download's record)."""
+    model = settings.model
+    if model == BUILTIN:
+        return ensure_tiny_nano()
+    path = Path(model).expanduser()
+    if path.exists():
+        return path
+    listing = list_files(model, settings.revision, settings.cache_dir)
+    snapshot = download(model, HUB_PATTERNS, settings.revision, settings.cache_dir, bar)
+    if listing is not None:
+        rels = sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*")
+                      if p.is_file())  # fmt: skip
+        check_files(listing, snapshot, rels, bar)
+    return snapshot
+
+
+def _codec_spec(settings: AllSettings) -> str:
+    if settings.audio_tokenizer is not None:
+        return str(settings.audio_tokenizer)
+    return "builtin" if settings.model == BUILTIN else CODEC_REPO
+
+
+def resolve_nano_codec(spec: str, settings: AllSettings, bar: ProgressReporter) -> NanoCodec | None:
+    """The codec's ONNX release: a folder, a Hub repo, the builtin tiny codec, or none."""
+    if spec.lower() == NONE:
+        return None
+    if spec == "builtin":
+        return open_nano_codec(ensure_tiny_nano_codec_folder())
+    path = Path(spec).expanduser()
+    if path.exists() or not is_repo_id(spec):
+        return open_nano_codec(path)
+    revision = settings.audio_tokenizer_revision
+    try:
+        listing = list_files(spec, revision, settings.cache_dir)
+        snapshot = download(spec, CODEC_PATTERNS, revision, settings.cache_dir, bar)
+    except InputError as exc:
+        raise InputError(f"audio tokenizer {spec}: {exc.message}",
+                         hint=f"{exc.hint}; or pass {CODEC_FLAG} FOLDER (the ONNX release), "
+                         f"or {CODEC_FLAG} none") from exc  # fmt: skip
+    codec = open_nano_codec(snapshot)
+    if listing is not None:
+        check_files(listing, snapshot, [f.as_posix() for f in codec.files], bar)
+    return codec

@@ -1,0 +1,266 @@
+"""`verify` of a MOSS-TTS-Nano folder (nano/layout.py): its own rows.
+
+Rows: the manifest's files (there, of the listed size and sha256); the folder's parts (each
+GGUF the manifest lists, the 17 tables and the local transformer as float32 .npy of the
+config's shapes, tokenizer.model, each synth config's paths); the codec (the ONNX release's
+meta and graphs, source/nano_codec.py); each GGUF's header against the config (starcoder2, its
+keys, every tensor with its shape, the data all there); and the values against the source:
+every array bit for bit, each GGUF tensor as nano/global_gguf.py would write it from the
+source (the q/k permutation included: F32 exactly, a quantized type within its limit). The
+source is --source, else what the manifest says the folder was made from where it is still
+here (the builtin, the folder, the Hub snapshot in the cache); without one the values are a
+warning row. `--deep` runs each GGUF in llama.cpp against the exact file (nano_deep.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..disk.confine import boundary, confined, table_header
+from ..errors import InputError, UsageError
+from ..gguf.read import GgufFile, GgufFormatError, read_gguf
+from ..nano.checkpoint import NanoCheckpoint, expected_shapes, open_nano
+from ..nano.config import NanoConfig
+from ..nano.global_gguf import ARCH, global_array, plan_global_tensors
+from ..nano.layout import FORMAT, array_files, array_of
+from ..nano.tiny import ensure_tiny_nano
+from ..report import Rows
+from ..source.checkpoint import BUILTIN_PREFIX
+from ..source.nano_codec import open_nano_codec
+from .manifest import format_manifest, manifest_problems
+from .nano_deep import deep_rows
+from .quality import tensor_threshold
+from .result import GROUPS, VerifyReport
+from .tensors import dequantize_rows
+
+KIND = "nano"
+YAML_PATHS = ("global_gguf", "tables_dir", "local_dir", "tokenizer", "audio_tokenizer_dir")
+
+
+def nano_manifest(path: Path) -> dict | None:
+    """The manifest of a Nano folder, None when PATH is not one."""
+    return format_manifest(path, FORMAT)
+
+
+def verify_nano(target: Path, source: str | None, deep: bool) -> VerifyReport:
+    """The Nano rows for the folder TARGET; failing checks are rows."""
+    started = time.perf_counter()
+    folder = Path(target).expanduser()
+    manifest = nano_manifest(folder) or {}
+    rows = Rows()
+    rows.group = "manifest"
+    n = len(manifest.get("files") or [])
+    rows.check("manifest files", manifest_problems(folder, manifest),
+               f"{n} files, sizes and sha256 as listed")  # fmt: skip
+    nano = NanoConfig.from_dict(_json(folder / "config.json"), folder / "config.json")
+    ggufs = _file_rows(folder, manifest, nano, rows)
+    rows.group = "gguf"
+    for path in ggufs:
+        _gguf_rows(path, nano, manifest["quant_types"][path.name], rows)
+    rows.group = "source"
+    checkpoint = _source(folder, manifest, source, rows)
+    if checkpoint is not None:
+        _value_rows(folder, checkpoint, ggufs, rows)
+    if deep:
+        _deep(checkpoint, {g: manifest["quant_types"][g.name] for g in ggufs}, folder, rows)
+    return VerifyReport(
+        target=folder, kind=KIND, rows=sorted(rows.rows, key=lambda r: GROUPS.index(r.group)),
+        model={"family": FORMAT, "n_vq": nano.n_vq, "hidden": nano.hidden,
+               "layers": nano.dims.layers, "vocab": nano.dims.vocab},
+        seconds=time.perf_counter() - started,
+    )  # fmt: skip
+
+
+def _deep(checkpoint: NanoCheckpoint | None, ggufs: dict[Path, str], folder: Path,
+          rows: Rows) -> None:  # fmt: skip
+    if checkpoint is None:
+        raise UsageError(
+            "--deep compares llama.cpp with the exact file written from the source, and the "
+            "source is not here",
+            path=folder,
+            hint="pass --source with the checkpoint the folder was made from",
+        )
+    deep_rows(checkpoint, ggufs, rows)
+
+
+def _json(path: Path) -> dict:
+    try:
+        data = json.loads(confined(path, boundary(path.parent)).read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot be read as JSON ({exc})", path=path,
+                         hint="make the folder again with moss-gguf all") from None  # fmt: skip
+    if not isinstance(data, dict):
+        raise InputError("is not a JSON object", path=path)
+    return data
+
+
+def _file_rows(folder: Path, manifest: dict, nano: NanoConfig, rows: Rows) -> list[Path]:
+    """The folder's parts; the GGUFs the manifest lists that are there."""
+    rows.group = "files"
+    names = sorted(manifest.get("quant_types") or {})
+    missing = [n for n in names if not (folder / n).is_file()]
+    rows.check("global GGUFs", missing + ([] if names else ["the manifest lists none"]),
+               ", ".join(names))  # fmt: skip
+    rows.check("arrays", _array_problems(folder, nano),
+               f"{len(array_files(nano))} float32 .npy: 17 tables, the local transformer")
+    tok = folder / "tokenizer.model"
+    rows.check("tokenizer", [] if tok.is_file() and tok.stat().st_size else
+               ["tokenizer.model is missing or empty"], "tokenizer.model")  # fmt: skip
+    rows.check("synth config", _yaml_problems(folder), "every path names what exists")
+    _codec_row(folder, rows)
+    return [folder / n for n in names if n not in missing]
+
+
+def _array_problems(folder: Path, nano: NanoConfig) -> list[str]:
+    shapes = expected_shapes(nano)
+    problems = []
+    for rel, name in array_files(nano).items():
+        path = folder / rel
+        if not path.is_file():
+            problems.append(f"{rel} is missing")
+            continue
+        try:
+            shape, dtype = _npy_header(path)
+        except InputError as exc:
+            problems.append(f"{rel}: {exc.message}")
+            continue
+        if shape != shapes[name] or dtype != np.dtype("<f4"):
+            problems.append(f"{rel} is {dtype} {list(shape)}, not float32 {list(shapes[name])}")
+    return problems
+
+
+def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
+    """A .npy's shape and dtype from its header (1-D arrays too: norms and biases)."""
+    if np.load(path, mmap_mode="r", allow_pickle=False).ndim == 2:
+        return table_header(path)
+    array = np.load(path, mmap_mode="r", allow_pickle=False)
+    return tuple(array.shape), array.dtype
+
+
+def _yaml_problems(folder: Path) -> list[str]:
+    import yaml
+
+    problems = []
+    for path in sorted(folder.glob("*.yaml")):
+        config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        for key in YAML_PATHS:
+            value = config.get(key)
+            if value is not None and not (folder / str(value)).exists():
+                problems.append(f"{path.name}: {key} {value} does not exist")
+    return problems or ([] if any(folder.glob("*.yaml")) else ["no synth config"])
+
+
+def _codec_row(folder: Path, rows: Rows) -> None:
+    codec = folder / "audio_tokenizer"
+    if not codec.is_dir():
+        rows.add("audio tokenizer", "warn", "none: the folder cannot speak",
+                 "moss-gguf all --audio-tokenizer OpenMOSS-Team/MOSS-Audio-Tokenizer-Nano-ONNX")
+        return
+    try:
+        opened = open_nano_codec(codec)
+    except InputError as exc:
+        rows.add("audio tokenizer", "fail", exc.message, exc.hint or "")
+        return
+    rows.add("audio tokenizer", "pass", f"{opened.sample_rate} Hz, {opened.channels} channels, "
+             f"{opened.n_vq} codebooks; encode, decode_full, decode_step by name")  # fmt: skip
+
+
+def _gguf_rows(path: Path, nano: NanoConfig, file_type: str, rows: Rows) -> None:
+    try:
+        g = read_gguf(path)
+    except (GgufFormatError, OSError) as exc:
+        rows.add(f"{path.name}: header", "fail", str(exc))
+        return
+    dims = nano.dims
+    want = {"general.architecture": ARCH, f"{ARCH}.embedding_length": dims.hidden,
+            f"{ARCH}.feed_forward_length": dims.inner, f"{ARCH}.block_count": dims.layers,
+            f"{ARCH}.attention.head_count": dims.heads,
+            f"{ARCH}.attention.head_count_kv": dims.heads,
+            f"{ARCH}.rope.dimension_count": dims.head_dim, f"{ARCH}.vocab_size": dims.vocab,
+            f"{ARCH}.context_length": dims.context, "tokenizer.ggml.model": "no_vocab"}  # fmt: skip
+    problems = [f"{k} is {g.kv.get(k)!r}, the config says {v!r}" for k, v in want.items()
+                if g.kv.get(k) != v]  # fmt: skip
+    for key, value in ((f"{ARCH}.rope.freq_base", dims.rope_base),
+                       (f"{ARCH}.attention.layer_norm_epsilon", dims.eps)):  # fmt: skip
+        if not np.isclose(g.kv.get(key, np.nan), value, rtol=1e-6):
+            problems.append(f"{key} is {g.kv.get(key)!r}, the config says {value!r}")
+    problems += _tensor_problems(g, nano)
+    rows.check(f"{path.name}: header", problems,
+               f"{ARCH}, {dims.layers} layers, hidden {dims.hidden}, {file_type}; every tensor "
+               "there with its shape")  # fmt: skip
+
+
+def _tensor_problems(g: GgufFile, nano: NanoConfig) -> list[str]:
+    shapes = expected_shapes(nano)
+    plan = {t.name: tuple(reversed(shapes[t.source])) for t in
+            plan_global_tensors(nano.dims.layers)}  # fmt: skip
+    problems = [f"{n} is missing" for n in plan if n not in g.tensors]
+    problems += [f"{n} is not in the plan" for n in g.tensors if n not in plan]
+    problems += [f"{n} is {list(t.dims)}, expected {list(plan[n])}" for n, t in g.tensors.items()
+                 if n in plan and t.dims != plan[n]]  # fmt: skip
+    problems += [f"{n} runs past the file's end" for n, t in g.tensors.items() if not g.in_file(t)]
+    return problems
+
+
+def _source(folder: Path, manifest: dict, source: str | None, rows: Rows) -> NanoCheckpoint | None:
+    """The source checkpoint opened: --source, else the manifest's made_from where it is here."""
+    where = source or _made_from_source(manifest)
+    if where is None:
+        rows.add("values vs source", "warn", "not checked: the source is not here",
+                 "pass --source with the checkpoint the folder was made from")  # fmt: skip
+        return None
+    if where.startswith(BUILTIN_PREFIX):
+        return open_nano(ensure_tiny_nano(where[len(BUILTIN_PREFIX) :]))
+    return open_nano(Path(where).expanduser())
+
+
+def _made_from_source(manifest: dict) -> str | None:
+    made = (manifest.get("made_from") or {}).get("source") or {}
+    if "model" in made:
+        return str(made["model"])
+    if "folder" in made and Path(made["folder"]).is_dir():
+        return str(made["folder"])
+    return None
+
+
+def _value_rows(folder: Path, checkpoint: NanoCheckpoint, ggufs: list[Path], rows: Rows) -> None:
+    files = array_files(checkpoint.nano)
+    differ = [rel for rel, name in files.items() if (folder / rel).is_file()
+              and not np.array_equal(np.load(folder / rel, allow_pickle=False),
+                                     array_of(checkpoint, name))]  # fmt: skip
+    rows.check("arrays vs source", differ, f"{len(files)} arrays equal the source bit for bit")
+    for path in ggufs:
+        try:
+            problems, worst = _gguf_value_problems(read_gguf(path), checkpoint)
+        except (GgufFormatError, OSError, KeyError, ValueError) as exc:
+            problems, worst = [f"unreadable ({exc})"], 0.0
+        rows.check(f"{path.name}: values vs source", problems,
+                   f"every tensor as written from the source (q/k permuted per head); worst "
+                   f"relative RMSE {worst:.2e}")  # fmt: skip
+
+
+def _gguf_value_problems(g: GgufFile, checkpoint: NanoCheckpoint) -> tuple[list[str], float]:
+    problems, worst = [], 0.0
+    fd = os.open(g.path, os.O_RDONLY)
+    try:
+        for tensor in plan_global_tensors(checkpoint.nano.dims.layers):
+            info = g.tensors[tensor.name]
+            raw = os.pread(fd, info.nbytes, g.abs_offset(info))
+            rows = np.frombuffer(raw, np.uint8).reshape(info.n_rows, info.row_bytes)
+            got = dequantize_rows(rows, info.type_name).reshape(-1)
+            want = global_array(checkpoint, tensor).reshape(-1)
+            err = float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+            worst = max(worst, err)
+            limit, _ = tensor_threshold(info.type_name)
+            if err > limit:
+                problems.append(f"{tensor.name} ({info.type_name}) is {err:.2e} from the "
+                                f"source, over {limit:.0e}")  # fmt: skip
+    finally:
+        os.close(fd)
+    return problems, worst
+
