@@ -20,7 +20,7 @@ from ..quantize.engines import Engine
 from ..source.audio_tokenizer import DEFAULT_REPO, parse_flag
 from ._command import command
 from ._options import CacheDir, Force, LlamaCppDir, Quiet, Revision, Verbose
-from ._output import OutputMode, info, progress_for, setup_logging, stdout
+from ._output import OutputMode, command_line, info, progress_for, setup_logging, stdout
 
 EXAMPLES = """
 [b]Examples[/b]
@@ -144,6 +144,13 @@ def all_command(
         bool, typer.Option(help="Keep the extracted backbone safetensors and the f16/bf16 GGUF.")
     ] = False,
     threads: Annotated[int | None, typer.Option(help="Quantize threads.")] = None,
+    base_model: Annotated[
+        str | None,
+        typer.Option(
+            help="The Hub repo a local --model folder was taken from, for the model card's "
+            "base_model (default: a Hub --model itself, or the checkpoint's _name_or_path).",
+        ),
+    ] = None,
     revision: Revision = None,
     cache_dir: CacheDir = None,
     force: Force = False,
@@ -174,7 +181,7 @@ def all_command(
         native_codec=pytorch_audio_tokenizer,
         threads=threads,
     )
-    request = AllRequest(settings, fmt, audio_tables_type)
+    request = AllRequest(settings, fmt, audio_tables_type, base_model, command_line())
     with progress_for(mode) as bar:
         outcome = run_request(request, progress=bar)
     result, folder = outcome.result, outcome.folder
