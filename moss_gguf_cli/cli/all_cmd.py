@@ -12,7 +12,8 @@ from ..disk.staging import human_bytes
 from ..errors import UsageError
 from ..gguf.first_class import FORMAT
 from ..pipeline.audio_codec import DEFAULT_REPO as CODEC_REPO
-from ..pipeline.first_class import FirstClassFolder
+from ..pipeline.first_class import FirstClassFolder, parse_formats
+from ..pipeline.push import hub_token, plan_push, push
 from ..pipeline.recipes import Recipe, load_recipe
 from ..pipeline.route import AllRequest, run_request
 from ..pipeline.run import AllResult, AllSettings
@@ -151,6 +152,11 @@ def all_command(
             "base_model (default: a Hub --model itself, or the checkpoint's _name_or_path).",
         ),
     ] = None,
+    push_to_hub: Annotated[
+        str | None,
+        typer.Option(help="When the folder is done and verified, push it to this Hub repo "
+                     "(OWNER/NAME) as `moss-gguf push` does."),
+    ] = None,
     revision: Revision = None,
     cache_dir: CacheDir = None,
     force: Force = False,
@@ -182,9 +188,18 @@ def all_command(
         threads=threads,
     )
     request = AllRequest(settings, fmt, audio_tables_type, base_model, command_line())
+    if push_to_hub is not None and len(parse_formats(fmt)) > 1:
+        raise UsageError("--push-to-hub pushes one folder; two formats make two",
+                         hint="push each with: moss-gguf push FOLDER REPO_ID")  # fmt: skip
+    if push_to_hub is not None:
+        hub_token()  # no token: said before the long work, not after it
     with progress_for(mode) as bar:
         outcome = run_request(request, progress=bar)
-    result, folder = outcome.result, outcome.folder
+        result, folder = outcome.result, outcome.folder
+        pushed = None
+        if push_to_hub is not None:
+            made = result.output if result is not None else folder.output
+            pushed = push(plan_push(made, push_to_hub, bar), progress=bar)
     if result is not None:
         if not quiet:
             _summary(result, mode)
@@ -199,6 +214,9 @@ def all_command(
             f"moss-gguf layout --output {result.output} --audio-tokenizer {DEFAULT_REPO}",
             soft_wrap=True,
         )
+    if pushed is not None:
+        where = pushed.commit_url or "nothing sent: every file is already there"
+        stdout.print(f"pushed to {pushed.repo_id}: {where}", highlight=False, soft_wrap=True)
 
 
 def _summary(result: AllResult, mode: OutputMode) -> None:
