@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from hub_standin import TOKEN, Repo, StandIn, git_blob_id
+from test_hub_weights import add_repo, assert_speaks, run
 
 REPO = "me/moss-tts-tiny-gguf"
 
@@ -190,3 +191,59 @@ def test_all_push_to_hub(hub: StandIn, tmp_path: Path) -> None:
     assert both.returncode == 2 and "one folder" in both.stderr
     assert not (tmp_path / "b").exists()
 
+
+# ----------------------------------------------------------------------------- the round trip
+
+
+def cache_of(standin: StandIn, repo: str, into: Path) -> dict[str, Path]:
+    """The repo's files as the stand-in holds them (repo path → a local copy)."""
+    files = {}
+    for path, entry in standin.hub.tree(repo, "main").items():
+        files[path] = into / path
+        files[path].parent.mkdir(parents=True, exist_ok=True)
+        files[path].write_bytes(standin.hub.content(entry))
+    return files
+
+
+def test_a_pushed_repo_reads_back_as_pre_converted_checked_by_its_manifest_and_speaks(
+    folder: Path, hub: StandIn, tmp_path: Path
+) -> None:
+    assert moss("push", str(folder), REPO, endpoint=hub.url, home=tmp_path).returncode == 0
+    cache = tmp_path / "hub-cache"
+    add_repo(cache, REPO, cache_of(hub, REPO, tmp_path / "pulled"))  # as huggingface_hub lays it
+    out = tmp_path / "back"
+    done = run("all", "--model", REPO, "--output", str(out), cache=cache)
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["checks"]["source"].endswith("the repo's manifest.json")
+    pushed = {f["path"]: f["sha256"] for f in json.loads((folder / "manifest.json").read_text())
+              ["files"]}  # fmt: skip
+    got = {f["path"]: f["sha256"] for f in manifest["files"]}
+    # the folder's own files, byte for byte; the synth config and the meta are written anew
+    shared = [p for p in got if p in pushed and p not in ("moss-tts.yaml", "extraction_meta.json")]
+    assert len(shared) >= 70 and [p for p in shared if got[p] != pushed[p]] == []
+    codec = {p for p in pushed if p.startswith("audio_tokenizer/")}
+    assert codec and codec <= set(shared)  # the pushed folder's own codec, byte for byte
+    assert run("verify", str(out), cache=cache).returncode == 0
+    assert_speaks(out / "moss-tts.yaml", cache, tmp_path)
+
+
+def test_a_pushed_repo_changed_behind_its_manifest_is_refused_by_name(
+    folder: Path, hub: StandIn, tmp_path: Path
+) -> None:
+    """The cache's listing agrees with the changed file (it was committed so): only the
+    manifest tells, and names it."""
+    assert moss("push", str(folder), REPO, endpoint=hub.url, home=tmp_path).returncode == 0
+    files = cache_of(hub, REPO, tmp_path / "pulled")
+    victim = "embeddings/emb_ext_05.npy"
+    data = bytearray(files[victim].read_bytes())
+    data[-1] ^= 1
+    files[victim].write_bytes(bytes(data))
+    cache = tmp_path / "hub-cache"
+    add_repo(cache, REPO, files)
+    out = tmp_path / "back"
+    done = run("all", "--model", REPO, "--output", str(out), cache=cache)
+    assert done.returncode == 2
+    line = " ".join(done.stderr.split())
+    assert victim in line and "differs from the sha256 the repo's manifest.json lists" in line
+    assert not out.exists()
