@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from hub_standin import TOKEN, Repo, StandIn, git_blob_id
+from huggingface_hub import ModelCard
 from test_hub_weights import add_repo, assert_speaks, run
 
 REPO = "me/moss-tts-tiny-gguf"
@@ -225,6 +226,9 @@ def test_a_pushed_repo_reads_back_as_pre_converted_checked_by_its_manifest_and_s
     codec = {p for p in pushed if p.startswith("audio_tokenizer/")}
     assert codec and codec <= set(shared)  # the pushed folder's own codec, byte for byte
     assert run("verify", str(out), cache=cache).returncode == 0
+    card = ModelCard.load(out / "README.md")  # laid out, not quantized here: no base_model
+    assert card.data.base_model is None and "base_model_relation" not in card.data.to_dict()
+    assert f"Laid out from the converted weights [{REPO}]" in card.text
     assert_speaks(out / "moss-tts.yaml", cache, tmp_path)
 
 

@@ -36,6 +36,14 @@ class CardSource:
     revision: str | None = None  # the commit converted, where known
     card: Path | None = None  # the source's own README.md, for license and language
     notes: list[str] = field(default_factory=list)
+    laid_out_from: str | None = None  # weights converted elsewhere, only laid out here
+
+
+def relaid(source: CardSource, model: str) -> CardSource:
+    """The card's source for a folder laid out from weights already converted (a GGUF repo, a
+    pushed folder, a first-class GGUF): nothing was quantized here, so no base_model relation
+    is claimed; the body names where the weights came from."""
+    return CardSource(None, source.revision, None, laid_out_from=model)
 
 
 def card_source(
@@ -177,6 +185,12 @@ def _backend_intro(folder: Path) -> str:
 
 
 def _source_section(source: CardSource, data) -> str:
+    if source.laid_out_from is not None:
+        name = source.laid_out_from
+        shown = f"[{name}]({HUB}/{name})" if is_repo_id(name) else f"`{name}`"
+        at = f" at commit `{source.revision}`" if source.revision else ""
+        return f"## Source\n\nLaid out from the converted weights {shown}{at}; nothing was " \
+               "quantized here.\n"
     if source.base_model is None:
         return "## Source\n\nConverted from a local checkpoint (not named on the Hub).\n"
     at = f" at commit `{source.revision}`" if source.revision else ""

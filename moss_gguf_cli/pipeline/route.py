@@ -29,7 +29,7 @@ from ..nano.checkpoint import is_nano_folder, open_nano
 from ..progress import ProgressReporter, ensure
 from ..source.preconverted import GgufRepo, recognise
 from .audio_codec import NATIVE_FLAG
-from .card import CardFacts, card_source, write_card
+from .card import CardFacts, card_source, relaid, write_card
 from .dual import run_both
 from .first_class import (
     BACKEND,
@@ -129,6 +129,8 @@ def run_request(request: AllRequest, progress: ProgressReporter | None = None) -
     s = request.settings
     source = card_source(s.model, s.revision, s.cache_dir, request.base_model)  # fails first
     outcome = _run_route(request, progress)
+    if outcome.route.backend in (Backend.PRECONVERTED, Backend.FROM_FIRST_CLASS):
+        source = relaid(source, s.model)  # converted elsewhere: not this folder's base model
     if outcome.result is not None:
         r = outcome.result
         verified = next((st.detail for st in r.steps if st.name == "verify"), "not run")
