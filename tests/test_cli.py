@@ -21,7 +21,7 @@ def _examples(epilog: str) -> list[str]:
 def test_every_command_declares_examples() -> None:
     names = [name for name, _, _ in COMMANDS]
     assert {"extract", "convert", "quantize", "all", "layout", "verify", "synth", "serve",
-            "doctor"} <= set(names)  # fmt: skip
+            "doctor", "push"} <= set(names)  # fmt: skip
     for name, options, _ in COMMANDS:
         assert _examples(options.get("epilog") or ""), f"{name} declares no examples"
 

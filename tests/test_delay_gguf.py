@@ -144,10 +144,14 @@ def test_all_writes_a_first_class_folder(tmp_path: Path) -> None:
     assert manifest["made_from"]["source"] == {"model": "builtin:tiny"}
     assert manifest["quant_types"] == {q4.name: "MOSTLY_Q4_K_M", f16.name: "MOSTLY_F16"}
     listed = {f["path"]: f for f in manifest["files"]}
-    assert {"tokenizer/tokenizer.json", "audio_tokenizer/decoder.onnx", "README.md"} <= set(listed)
+    assert {"tokenizer/tokenizer.json", "audio_tokenizer/decoder.onnx"} <= set(listed)
     assert listed[q4.name]["sha256"] == GOLDEN["tiny"]["Q4_K_M"]
-    readme = (out / "README.md").read_text()
-    assert f"llama-moss-tts -m {q4.name} --print-delay-config" in readme
+    # the model card: the fork's lines under the Hub's metadata, outside the manifest's files
+    from test_model_card import checked_card
+
+    card = checked_card(out)
+    assert "first-class header checked" in card.text
+    assert f"llama-moss-tts -m {q4.name} --print-delay-config" in card.text
     assert "llama-moss-tts" in done.stdout
     assert [p.name for p in tmp_path.iterdir()] == ["w"]  # nothing staged is left
     again = cli("all", "--model", "builtin:tiny", "--output", str(out),

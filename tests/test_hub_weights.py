@@ -256,7 +256,8 @@ def test_preconverted_repo_from_the_cache_speaks(hub: Path, tmp_path: Path) -> N
     assert "against the hub client's tree listing" in done.stdout
     names = {p.name for p in out.iterdir()}
     assert {"MOSS_TTS_Q4_K_M.gguf", "embeddings", "lm_heads", "tokenizer", "audio_tokenizer",
-            "moss-tts.yaml", "manifest.json", "extraction_meta.json"} == names  # fmt: skip
+            "moss-tts.yaml", "manifest.json", "extraction_meta.json",
+            "README.md"} == names  # the model card (#51)  # fmt: skip
     meta = json.loads((out / "extraction_meta.json").read_text())
     assert meta["n_vq"] == 32 and meta["hidden_size"] == 256 and "derived" in meta
     check = run("verify", str(out), "--json", cache=hub)

@@ -78,6 +78,7 @@ def test_tree_yaml_and_manifest(
             "tokenizer",
             "audio_tokenizer",
             "extraction_meta.json",
+            "README.md",
             "moss-tts.yaml",
             "manifest.json",
         ]
@@ -115,7 +116,7 @@ def test_tree_yaml_and_manifest(
     manifest = json.loads((out / "manifest.json").read_text())
     listed = {f["path"]: f for f in manifest["files"]}
     on_disk = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
-    assert set(listed) == on_disk - {"manifest.json"}
+    assert set(listed) == on_disk - {"manifest.json", "README.md"}  # the card: outside
     for rel, entry in listed.items():
         data = (out / rel).read_bytes()
         assert entry["size"] == len(data)

@@ -24,7 +24,7 @@ def doc_pages() -> list[Path]:
     """The READMEs and every Markdown page under docs/ (new pages are picked up by themselves)."""
     return [ROOT / f for f in READMES] + sorted((ROOT / "docs").rglob("*.md"))
 SUBCOMMANDS = {"extract", "convert", "quantize", "all", "layout", "verify", "synth", "serve",
-               "doctor"}
+               "doctor", "push"}
 
 
 def readme_options(text: str) -> set[tuple[str, str]]:

@@ -155,3 +155,11 @@ def print_verdict(
         count = f"{c[FAIL]} of {len(report.rows)} checks" if of_all else f"{c[FAIL]} check(s)"
         verdict = f"[bold red]{failed}[/]: {count} failed ({names})"
     stdout.print(f"{verdict} in {seconds:.1f} s", highlight=False)
+
+
+def command_line() -> str:
+    """This run's command as a user would type it (the model card records it)."""
+    import shlex
+    import sys
+
+    return shlex.join(["moss-gguf", *sys.argv[1:]])

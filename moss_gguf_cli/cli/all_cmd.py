@@ -12,8 +12,9 @@ from ..disk.staging import human_bytes
 from ..errors import UsageError
 from ..gguf.first_class import FORMAT
 from ..pipeline.audio_codec import DEFAULT_REPO as CODEC_REPO
-from ..pipeline.first_class import FirstClassFolder
-from ..pipeline.nano import NanoRun
+from ..pipeline.first_class import FirstClassFolder, parse_formats
+from ..pipeline.nano import NanoRun, is_nano_input
+from ..pipeline.push import hub_token, plan_push, push
 from ..pipeline.recipes import Recipe, load_recipe
 from ..pipeline.route import AllRequest, run_request
 from ..pipeline.run import AllResult, AllSettings
@@ -22,7 +23,7 @@ from ..source.audio_tokenizer import DEFAULT_REPO, parse_flag
 from ..source.nano_codec import DEFAULT_REPO as NANO_CODEC_REPO
 from ._command import command
 from ._options import CacheDir, Force, LlamaCppDir, Quiet, Revision, Verbose
-from ._output import OutputMode, info, progress_for, setup_logging, stdout
+from ._output import OutputMode, command_line, info, progress_for, setup_logging, stdout
 
 EXAMPLES = """
 [b]Examples[/b]
@@ -152,6 +153,18 @@ def all_command(
         bool, typer.Option(help="Keep the extracted backbone safetensors and the f16/bf16 GGUF.")
     ] = False,
     threads: Annotated[int | None, typer.Option(help="Quantize threads.")] = None,
+    base_model: Annotated[
+        str | None,
+        typer.Option(
+            help="The Hub repo a local --model folder was taken from, for the model card's "
+            "base_model (default: a Hub --model itself, or the checkpoint's _name_or_path).",
+        ),
+    ] = None,
+    push_to_hub: Annotated[
+        str | None,
+        typer.Option(help="When the folder is done and verified, push it to this Hub repo "
+                     "(OWNER/NAME) as `moss-gguf push` does."),
+    ] = None,
     revision: Revision = None,
     cache_dir: CacheDir = None,
     force: Force = False,
@@ -183,12 +196,25 @@ def all_command(
         native_codec=pytorch_audio_tokenizer,
         threads=threads,
     )
-    request = AllRequest(settings, fmt, audio_tables_type, default_types=not asked)
+    request = AllRequest(settings, fmt, audio_tables_type, default_types=not asked,
+                         base_model=base_model, command=command_line())  # fmt: skip
+    if push_to_hub is not None and len(parse_formats(fmt)) > 1:
+        raise UsageError("--push-to-hub pushes one folder; two formats make two",
+                         hint="push each with: moss-gguf push FOLDER REPO_ID")  # fmt: skip
+    if push_to_hub is not None and is_nano_input(model):
+        raise UsageError("--push-to-hub does not publish a MOSS-TTS-Nano folder yet",
+                         hint="convert it, then share the folder as it is")  # fmt: skip
+    if push_to_hub is not None:
+        hub_token()  # no token: said before the long work, not after it
     with progress_for(mode) as bar:
         outcome = run_request(request, progress=bar)
+        result, folder = outcome.result, outcome.folder
+        pushed = None
+        if push_to_hub is not None:
+            made = result.output if result is not None else folder.output
+            pushed = push(plan_push(made, push_to_hub, bar), progress=bar)
     if outcome.nano is not None:
         _nano_summary(outcome.nano, mode, quiet)
-    result, folder = outcome.result, outcome.folder
     if result is not None:
         if not quiet:
             _summary(result, mode)
@@ -203,6 +229,9 @@ def all_command(
             f"moss-gguf layout --output {result.output} --audio-tokenizer {DEFAULT_REPO}",
             soft_wrap=True,
         )
+    if pushed is not None:
+        where = pushed.commit_url or "nothing sent: every file is already there"
+        stdout.print(f"pushed to {pushed.repo_id}: {where}", highlight=False, soft_wrap=True)
 
 
 def _summary(result: AllResult, mode: OutputMode) -> None:

@@ -45,6 +45,7 @@ def _register() -> None:
         doctor_cmd,
         extract_cmd,
         layout_cmd,
+        push_cmd,
         quantize_cmd,
         serve_cmd,
         synth_cmd,

@@ -9,11 +9,12 @@ import typer
 
 from ..disk.staging import human_bytes
 from ..errors import UsageError
+from ..pipeline.card import CardFacts, card_source, write_card
 from ..pipeline.layout import CONFIG_NAME, LayoutMode, add_audio_tokenizer, layout, read_meta
 from ..source.audio_tokenizer import DEFAULT_REPO, parse_flag, resolve
 from ._command import command
 from ._options import Force, Quiet, Verbose
-from ._output import OutputMode, info, progress_for, setup_logging
+from ._output import OutputMode, command_line, info, progress_for, setup_logging
 
 EXAMPLES = """
 [b]Examples[/b]
@@ -60,6 +61,10 @@ def layout_command(
         str | None, typer.Option("--audio-tokenizer-revision", help="Its Hub revision.")
     ] = None,
     config_name: Annotated[str, typer.Option(help="File name of the synth YAML.")] = CONFIG_NAME,
+    base_model: Annotated[
+        str | None,
+        typer.Option(help="The Hub repo the checkpoint was taken from, for the model card."),
+    ] = None,
     force: Force = False,
     quiet: Quiet = False,
     verbose: Verbose = False,
@@ -85,6 +90,7 @@ def layout_command(
         raise UsageError("--extracted and --gguf go together", hint="pass both")
     # the default codec is the model's: the tiny one for builtin models, else the Hub's ONNX
     source = str(read_meta(extracted).get("source_model") or "")
+    card = card_source(source, None, None, base_model)  # a bad --base-model fails first
     with progress_for(mode_) as bar:
         codec = resolve(
             spec, builtin=source.startswith("builtin:"), revision=revision, progress=bar
@@ -99,6 +105,10 @@ def layout_command(
             force=force,
             progress=bar,
         )
+    not_run = f"not run yet: moss-gguf verify {result.output}"
+    write_card(result.output, CardFacts(card, not_run, command_line()))
+    for note in card.notes:
+        info(mode_, f"note: {note}")
     info(
         mode_,
         f"{len(result.entries)} files, {human_bytes(result.total_bytes)} "

@@ -18,12 +18,14 @@ from ..errors import InputError
 
 def boundary(folder: Path) -> Path:
     """The folder FOLDER's files must resolve inside: the repo folder of a Hub snapshot
-    (``models--org--name/snapshots/<commit>``), else the folder itself."""
+    (``models--org--name/snapshots/<commit>``, or a folder inside one, such as a pushed
+    folder's audio_tokenizer/), else the folder itself."""
     folder = Path(folder).resolve()
-    if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith(
-        ("models--", "datasets--", "spaces--")
-    ):
-        return folder.parent.parent
+    for snap in (folder, *folder.parents):
+        if snap.parent.name == "snapshots" and snap.parent.parent.name.startswith(
+            ("models--", "datasets--", "spaces--")
+        ):
+            return snap.parent.parent
     return folder
 
 

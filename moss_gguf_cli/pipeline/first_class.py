@@ -156,7 +156,7 @@ def write_first_class(
         names = gguf_names(file_types)
         text = readme(names, codec is not None)
         text += native_readme(names[0], native.names) if native is not None else ""
-        (stage.path / README_NAME).write_text(text)
+        (stage.path / README_NAME).write_text(text)  # the model card replaces it after checks
         tables = audio_tables.strip().lower() if audio_tables else None
         files = _manifest(stage.path, names, codec, source_model, tables, made_from, native)
         stage.commit()
@@ -216,7 +216,9 @@ def _manifest(
     native: NativeCodec | None = None,
 ) -> list[tuple[str, int]]:
     """manifest.json: what the folder is, and every file's size and sha256."""
-    rels = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    # README.md is the model card, written after the checks: outside the files (pipeline/card.py)
+    rels = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                  if p.is_file() and p.relative_to(folder).as_posix() != README_NAME)  # fmt: skip
     hashes = HashRecord()
     entries = [
         {"path": rel, "size": (folder / rel).stat().st_size, "sha256": hashes.sha256(folder / rel)}
@@ -233,6 +235,7 @@ def _manifest(
         "audio_tokenizer": codec.source if codec is not None else None,
         MANIFEST_KEY: native_manifest(native) if native is not None else None,
         "made_from": made_from.to_json() if made_from is not None else None,
+        "card": README_NAME,  # outside "files": it reports the checks of the files
         "files": entries,
     }
     (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -277,6 +280,17 @@ Speak (the fork's end-to-end script; it needs a MOSS-TTS checkout for the prompt
         {codec} \\
         --text "Hello, world!" --output-wav hello.wav
 """
+
+
+def folder_readme(folder: Path) -> str:
+    """The README body of a finished first-class folder, rebuilt from its manifest."""
+    manifest = read_manifest(folder) or {}
+    names = list(manifest.get("quant_types") or {})
+    text = readme(names, manifest.get("audio_tokenizer") is not None)
+    native = manifest.get(MANIFEST_KEY)
+    if native:
+        text += native_readme(names[0], (native["encoder"], native["decoder"]))
+    return text
 
 
 def read_manifest(folder: Path) -> dict | None:

@@ -337,6 +337,7 @@ def arrange(
             "audio_tokenizer": codec.source if codec is not None else None,
             "checks": _checks(source_check, codec),
             "made_from": made_from.to_json() if made_from is not None else None,
+            "card": "README.md",  # the model card: outside "files" (pipeline/card.py)
             "files": [e.__dict__ for e in entries],
         }
         (stage.path / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")

@@ -28,11 +28,13 @@ from ..gguf.first_class import FORMAT, parse_audio_tables_type
 from ..progress import ProgressReporter, ensure
 from ..source.preconverted import GgufRepo, recognise
 from .audio_codec import NATIVE_FLAG
+from .card import CardFacts, card_source, relaid, write_card
 from .dual import run_both
 from .first_class import (
     BACKEND,
     FirstClassFolder,
     check_first_class_settings,
+    folder_readme,
     parse_formats,
     run_first_class,
 )
@@ -111,6 +113,8 @@ class AllRequest:
     formats: list[str] | None = None
     audio_tables: str | None = None
     default_types: bool = False  # no --file-type given: each family's default (Nano: Q8_0)
+    base_model: str | None = None  # --base-model: the Hub repo a local source was taken from
+    command: str = "moss-gguf all"  # the command line, as the model card records it
 
 
 @dataclass
@@ -123,7 +127,27 @@ class AllOutcome:
 
 def run_request(request: AllRequest, progress: ProgressReporter | None = None) -> AllOutcome:
     """Check the request, find what the input is (when the route depends on it), choose the
-    route and run it."""
+    route and run it; then each folder's model card (README.md), after its checks."""
+    s = request.settings
+    source = card_source(s.model, s.revision, s.cache_dir, request.base_model)  # fails first
+    outcome = _run_route(request, progress)
+    if outcome.route.backend in (Backend.PRECONVERTED, Backend.FROM_FIRST_CLASS):
+        source = relaid(source, s.model)  # converted elsewhere: not this folder's base model
+    if outcome.result is not None:
+        r = outcome.result
+        verified = next((st.detail for st in r.steps if st.name == "verify"), "not run")
+        write_card(r.output, CardFacts(source, verified, request.command))
+        r.notes += source.notes
+    if outcome.folder is not None:
+        f = outcome.folder
+        facts = CardFacts(source, "every GGUF's first-class header checked",
+                          request.command, first_class=folder_readme(f.output))  # fmt: skip
+        write_card(f.output, facts)
+        f.notes += source.notes if outcome.result is None else []
+    return outcome
+
+
+def _run_route(request: AllRequest, progress: ProgressReporter | None) -> AllOutcome:
     bar = ensure(progress)
     settings, tables = request.settings, request.audio_tables
     formats = parse_formats(request.formats)

@@ -409,11 +409,14 @@ def run_preconverted(
         if not settings.force:
             _refuse_other_output(output, "these weights")
         t = time.perf_counter()
-        codec = resolve_codec(
+        own = repo.codec and settings.audio_tokenizer is None  # a pushed folder's own codec
+        codec = None if own else resolve_codec(
             settings.audio_tokenizer, builtin=False, revision=settings.audio_tokenizer_revision,
             cache_dir=settings.cache_dir, progress=bar,
         )  # fmt: skip
         root, digests, checked = fetch(repo, paths, settings.revision, settings.cache_dir, bar)
+        if own:  # checked with the rest by fetch, against the listing and the manifest
+            codec = resolve_codec(str(root / AUDIO_TOKENIZER_DIR), builtin=False, progress=bar)
         for rel, digest in digests.items():
             record.remember_sha256((root / rel).resolve(), digest)  # layout's manifest reuses
         detail = f"{len(digests)} files, {checked}" if digests else checked
@@ -441,6 +444,8 @@ def _preconverted_made_from(settings: AllSettings, repo: GgufRepo, paths: list[s
         commit = repo.listing.commit if repo.listing is not None else None
         source = {"repo": repo.source, "commit": commit or settings.revision or "main"}
     codec = settings.audio_tokenizer or default_codec(builtin=False, sampling_rate=None)
+    if repo.codec and settings.audio_tokenizer is None:
+        codec = f"{repo.source}/{AUDIO_TOKENIZER_DIR}"  # the pushed folder's own
     if settings.audio_tokenizer_revision:
         codec = f"{codec}@{settings.audio_tokenizer_revision}"
     return MadeFrom(source=source, outtype="as published", codec=str(codec),

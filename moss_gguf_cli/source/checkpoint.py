@@ -34,7 +34,8 @@ TOKENIZER_FILES = (
     "merges.txt",
     "vocab.json",
 )
-HUB_PATTERNS = ["*.safetensors", INDEX_NAME, "config.json", *TOKENIZER_FILES]
+# README.md: the source's model card, whose license and language the output's card carries
+HUB_PATTERNS = ["*.safetensors", INDEX_NAME, "config.json", "README.md", *TOKENIZER_FILES]
 BUILTIN_PREFIX = "builtin:"
 
 # names used by some ports for the same facts

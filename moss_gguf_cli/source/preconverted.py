@@ -10,6 +10,10 @@ out a weights folder with the codec, a synth YAML and a manifest. The model fact
 does not state (n_vq, sizes) are derived from the tables and the GGUF and written to
 ``extraction_meta.json`` as derived.
 
+A repo `moss-gguf push` made (#51) is such a repo with its manifest.json: the manifest and
+the codec in audio_tokenizer/ are downloaded too, and every file used is checked twice, against
+the download's record and against the sha256 the manifest lists (`check_manifest`).
+
 Other GGUF formats of the family are refused by what the files are, never by the repo's
 name: openmoss ``*.extras.gguf`` pairs, single-file GGUFs with the tables inside, GGUFs that
 bundle the codec, MOSS-TTS-Local.
@@ -24,7 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..disk.confine import boundary, confined, table_header
-from ..disk.layout_names import EMBEDDING_DIR, LM_HEAD_DIR, TOKENIZER_DIR
+from ..disk.digests import sha256_file
+from ..disk.layout_names import (
+    AUDIO_TOKENIZER_DIR,
+    EMBEDDING_DIR,
+    LM_HEAD_DIR,
+    MANIFEST_NAME,
+    TOKENIZER_DIR,
+)
 from ..errors import InputError, UnsupportedModelError, UsageError
 from ..gguf.file_types import file_type_table, parse_file_type
 from ..gguf.read import inspect_gguf, read_gguf
@@ -62,6 +73,18 @@ class GgufRepo:
     @property
     def tokenizer(self) -> list[str]:
         return sorted(f for f in self.files if f.startswith(TOKENIZER_DIR + "/"))
+
+    @property
+    def published(self) -> bool:
+        """A folder moss-gguf wrote and pushed: its manifest lists every file's sha256."""
+        return MANIFEST_NAME in self.files
+
+    @property
+    def codec(self) -> list[str]:
+        """A published folder's audio tokenizer files (none for other repos)."""
+        if not self.published:
+            return []
+        return sorted(f for f in self.files if f.startswith(AUDIO_TOKENIZER_DIR + "/"))
 
 
 def file_type_of(name: str, types: list[str]) -> str | None:
@@ -181,18 +204,47 @@ def fetch(
     """Download (Hub) what the weights folder needs and check it against the download's record:
     (root, path → sha256, what the check was made against)."""
     rels = ggufs + repo.tables + repo.tokenizer
+    extra = [MANIFEST_NAME, *repo.codec] if repo.published else []
     if repo.local is not None:
         root = repo.local
     else:
         patterns = ggufs + [f"{EMBEDDING_DIR}/*.npy", f"{LM_HEAD_DIR}/*.npy", f"{TOKENIZER_DIR}/*"]
-        root = download(repo.source, patterns, revision, cache_dir, progress)
-    if repo.listing is None:
-        return root, {}, NO_RECORD
+        root = download(repo.source, patterns + extra, revision, cache_dir, progress)
     root_bound = boundary(root)
-    for rel in rels:
+    for rel in rels + extra:
         confined(root / rel, root_bound)
-    digests = check_files(repo.listing, root, rels, progress)
-    return root, digests, repo.listing.describe()
+    digests, checked = {}, NO_RECORD
+    if repo.listing is not None:
+        digests = check_files(repo.listing, root, rels + extra, progress)
+        checked = repo.listing.describe()
+    if repo.published:
+        digests.update(check_manifest(root, rels + repo.codec, digests))
+        checked = f"{checked}; the repo's {MANIFEST_NAME}"
+    return root, digests, checked
+
+
+def check_manifest(root: Path, rels: list[str], known: dict[str, str]) -> dict[str, str]:
+    """Each rel's sha256 (KNOWN's where the download's check computed it) against the one the
+    published folder's manifest.json lists; rel → sha256. Raises naming the first that is not
+    listed or differs."""
+    try:
+        listed = {f["path"]: str(f["sha256"]).lower()
+                  for f in json.loads((root / MANIFEST_NAME).read_text())["files"]}  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        where = root / MANIFEST_NAME
+        raise InputError(f"{MANIFEST_NAME} is unreadable ({exc})", path=where) from None
+    out = {}
+    for rel in rels:
+        got = known.get(rel) or sha256_file(root / rel)
+        if rel not in listed:
+            raise InputError(f"{rel} is not in the repo's {MANIFEST_NAME}", path=root / rel,
+                             hint="the repo was changed after moss-gguf pushed it")  # fmt: skip
+        if got != listed[rel]:
+            raise InputError(f"{rel} differs from the sha256 the repo's {MANIFEST_NAME} lists",
+                             path=root / rel, hint="the repo was changed after moss-gguf "
+                             "pushed it; push the folder again")  # fmt: skip
+        out[rel] = got
+    return out
 
 
 # language_config key ← qwen3.* GGUF key (what llama.cpp's converter wrote from it)
