@@ -48,6 +48,10 @@ EXAMPLES = """
       --pytorch-audio-tokenizer OpenMOSS-Team/MOSS-Audio-Tokenizer
   [dim](and the audio tokenizer as the fork's native encoder/decoder GGUFs)[/dim]
 
+  moss-gguf all --model OpenMOSS-Team/MOSS-TTS --output w-no \\
+      --merge-lora ToSee-Norway/MOSS-TTS-Norwegian-LoRA
+  [dim](a fine-tuned voice: the adapter merged in float32 before quantizing, one read)[/dim]
+
   moss-gguf all --model w/moss-tts-delay_q4_k_m.gguf --output w-backend
   [dim](a first-class GGUF, folder or Hub repo read back into the layout synth speaks)[/dim]
 
@@ -143,6 +147,20 @@ def all_command(
     keep_intermediate: Annotated[
         bool, typer.Option(help="Keep the extracted backbone safetensors and the f16/bf16 GGUF.")
     ] = False,
+    merge_lora: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--merge-lora",
+            help="A PEFT LoRA adapter to merge into the weights before quantizing, in float32 "
+            "as they stream (a folder with adapter_config.json + adapter_model.safetensors, "
+            "or a Hub id); ADAPTER:SCALE scales it; repeatable (stacked in order).",
+        ),
+    ] = None,
+    force_base: Annotated[
+        bool,
+        typer.Option(help="Merge an adapter whose base_model_name_or_path names another "
+                     "model (warned)."),
+    ] = False,
     threads: Annotated[int | None, typer.Option(help="Quantize threads.")] = None,
     revision: Revision = None,
     cache_dir: CacheDir = None,
@@ -173,6 +191,8 @@ def all_command(
         audio_tokenizer_revision=audio_tokenizer_revision or r.audio_tokenizer_revision,
         native_codec=pytorch_audio_tokenizer,
         threads=threads,
+        merge_lora=list(merge_lora or []),
+        force_base=force_base,
     )
     request = AllRequest(settings, fmt, audio_tables_type)
     with progress_for(mode) as bar:

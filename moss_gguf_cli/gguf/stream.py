@@ -13,8 +13,9 @@ import math
 import queue
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 import gguf
 import numpy as np
@@ -29,6 +30,14 @@ QT = gguf.GGMLQuantizationType
 SOURCE_DTYPES = {"BF16": np.dtype("<u2"), "F16": np.dtype("<f2"), "F32": np.dtype("<f4")}
 
 
+class RowDelta(Protocol):
+    """An update added to a source tensor's rows as they are read (a merged LoRA adapter,
+    source/lora.TensorDelta): the tensor becomes float32 rows + the update."""
+
+    def merged(self, raw: np.ndarray, dtype: str, start: int) -> np.ndarray:
+        """RAW (rows from START, storage dtype DTYPE) plus the update, as float32 rows."""
+
+
 @dataclass(frozen=True)
 class SourceTensor:
     """Where a tensor's bytes lie: a safetensors file, an absolute offset, a storage dtype."""
@@ -39,6 +48,7 @@ class SourceTensor:
     shape: tuple[int, ...]
     offset: int
     nbytes: int
+    delta: RowDelta | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -185,6 +195,9 @@ def produce_chunks(
     try:
         for t in tensors:
             src = t.source
+            # a merged tensor is float32 rows once its update is added: converted as such
+            as_merged = replace(t, source=replace(src, dtype="F32", delta=None)) \
+                if src.delta is not None else t  # fmt: skip
             rows, row_bytes, per_chunk = _chunks(t)
             ready.put(("start", t))
             on_read = pages.reader("convert", src.path, src.offset, src.nbytes) if pages else None
@@ -201,8 +214,10 @@ def produce_chunks(
                     _read_exact(f, view, src)
                     if on_read is not None:
                         on_read((start + n) * row_bytes)
-                    raw = np.frombuffer(view, dtype=SOURCE_DTYPES[src.dtype])
-                    data = convert(t, raw.reshape(n, -1), scratch)
+                    raw = np.frombuffer(view, dtype=SOURCE_DTYPES[src.dtype]).reshape(n, -1)
+                    if src.delta is not None:
+                        raw = src.delta.merged(raw, src.dtype, start)
+                    data = convert(as_merged, raw, scratch)
                     ready.put(("data", np.ascontiguousarray(data), scratch, n * row_bytes))
             ready.put(("end", t))
         ready.put(("done",))
