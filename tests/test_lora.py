@@ -307,3 +307,34 @@ def test_the_base_an_adapter_names_is_checked():
     assert base_mismatch(named("OpenMOSS-Team/MOSS-TTS-v1.5"), {"folder": "/m"}) is None
     assert AdapterSpec.parse("org/adapter:0.5") == AdapterSpec("org/adapter", 0.5)
     assert AdapterSpec.parse("/a:b/adapter") == AdapterSpec("/a:b/adapter", 1.0)
+
+
+def test_hub_adapters_and_the_base_they_name(tiny_model, tiny_extracted, tmp_path):
+    """Model and adapters from a Hub cache laid out by huggingface_hub's own writers, offline:
+    an adapter naming this base merges; one naming another base is refused unless
+    --force-base, which merges it with a warning."""
+    from test_hub_weights import add_repo, files_of, run
+
+    cache = tmp_path / "hub"
+    add_repo(cache, "OpenMOSS-Team/MOSS-TTS", files_of(tiny_model))
+    adapter = as_moss(make_adapter(tiny_extracted, tmp_path / "a", 6), tmp_path / "moss")
+    for repo, base in (("someone/moss-tts-lora", "OpenMOSS-Team/MOSS-TTS"),
+                       ("someone/v15-lora", "OpenMOSS-Team/MOSS-TTS-v1.5")):  # fmt: skip
+        config = json.loads((adapter / "adapter_config.json").read_text())
+        (adapter / "adapter_config.json").write_text(
+            json.dumps({**config, "base_model_name_or_path": base}))
+        add_repo(cache, repo, files_of(adapter))
+    common = ("all", "--model", "OpenMOSS-Team/MOSS-TTS", "--file-type", "Q8_0",
+              "--audio-tokenizer", "none")  # fmt: skip
+    done = run(*common, "--output", str(tmp_path / "ok"), "--merge-lora",
+               "someone/moss-tts-lora", cache=cache)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads((tmp_path / "ok" / "manifest.json").read_text())["lora"]
+    assert [r["adapter"] for r in record] == ["someone/moss-tts-lora"]
+    other = run(*common, "--output", str(tmp_path / "other"), "--merge-lora",
+                "someone/v15-lora", cache=cache)  # fmt: skip
+    assert other.returncode != 0 and "MOSS-TTS-v1.5" in other.stderr and "--force-base" in \
+        other.stderr and not (tmp_path / "other").exists()  # fmt: skip
+    forced = run(*common, "--output", str(tmp_path / "forced"), "--merge-lora",
+                 "someone/v15-lora", "--force-base", cache=cache)  # fmt: skip
+    assert forced.returncode == 0 and "--force-base" in forced.stderr + forced.stdout
