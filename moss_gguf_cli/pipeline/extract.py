@@ -208,8 +208,10 @@ def _stream_cast(
     src_dtype = np.dtype(ref.info.storage_dtype)
     chunk = min(n, _CHUNK_ELEMS)
     cols = ref.shape[-1]
-    if ref.delta is not None:  # a merged update is added by whole rows
+    merged = None
+    if ref.delta is not None:  # a merged update is added by whole rows, in one reused buffer
         chunk = min(n, max(cols, chunk - chunk % cols))
+        merged = np.empty(chunk, dtype=np.float32)
     raw = np.empty(chunk, dtype=src_dtype)
     scratch = np.empty(chunk, dtype=np.uint16)
     outs = [np.empty(chunk, dtype=dtype), np.empty(chunk, dtype=dtype)]
@@ -231,8 +233,8 @@ def _stream_cast(
         out = outs[k % 2]
         if pending[k % 2] is not None:
             pending[k % 2].result()  # that buffer has been written: reuse it
-        if ref.delta is not None:
-            _merge_rows(ref, raw[:m], done // cols, out[:m], dtype)
+        if merged is not None:
+            _merge_rows(ref, raw[:m], done // cols, merged[:m], out[:m], dtype)
         else:
             _cast_rows(raw[:m], ref.dtype, out[:m])
             if not _fits(raw[:m], ref.dtype, out[:m], scratch[:m]):
@@ -246,12 +248,13 @@ def _stream_cast(
             job.result()
 
 
-def _merge_rows(ref: TensorRef, raw: np.ndarray, row: int, out: np.ndarray, dtype: str) -> None:
-    """Source rows from ROW plus the merged LoRA update, cast into OUT; refused when the sum
-    is not finite in DTYPE."""
-    merged = ref.delta.merged(raw, ref.dtype, row).reshape(-1)
+def _merge_rows(ref: TensorRef, raw: np.ndarray, row: int, work: np.ndarray, out: np.ndarray,
+                dtype: str) -> None:  # fmt: skip
+    """Source rows from ROW plus the merged LoRA update (float32, in WORK), cast into OUT;
+    refused when the sum is not finite in DTYPE."""
+    ref.delta.merged(raw, ref.dtype, row, out=work.reshape(-1, ref.shape[-1]))
     with np.errstate(over="ignore", invalid="ignore"):
-        np.copyto(out, merged, casting="unsafe")
+        np.copyto(out, work, casting="unsafe")
     if not np.isfinite(out).all():
         raise NumericError(
             f"tensor {ref.name!r} with the LoRA update merged has values a {dtype} table "

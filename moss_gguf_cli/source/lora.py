@@ -20,6 +20,7 @@ import hashlib
 import json
 import math
 import re
+import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -81,40 +82,62 @@ class Adapter:
 @dataclass
 class TensorDelta:
     """The float32 update of one tensor, s·B·A summed over the adapters that target it,
-    kept as the factors: rows(start, n) computes only the rows asked for."""
+    kept as the factors: only the rows asked for are computed, a block at a time."""
 
     shape: tuple[int, int]
     pairs: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # (s·B, A)
-    _block: tuple[int, np.ndarray] | None = field(default=None, repr=False)
+    # the block last computed, reused (no allocation a chunk); two readers may share a tensor
+    # (extract's table and the GGUF pass both read the text embedding and head)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _first: int = field(default=-1, repr=False)
+    _block: np.ndarray | None = field(default=None, repr=False)
+    _term: np.ndarray | None = field(default=None, repr=False)
 
-    def rows(self, start: int, n: int) -> np.ndarray:
-        """Rows [start, start + n) of the update. Computed in fixed blocks of BLOCK_ROWS, so a
-        row has the same bits whoever asks and however many rows they ask for (BLAS sums a
-        product's terms in an order that can depend on its shape)."""
-        out = np.empty((n, self.shape[1]), dtype=np.float32)
-        at = start
-        while at < start + n:
-            first = at - at % BLOCK_ROWS
-            block = self._rows_of_block(first)
-            take = min(start + n, first + block.shape[0]) - at
-            out[at - start:at - start + take] = block[at - first:at - first + take]
-            at += take
-        return out
+    def add_to(self, rows: np.ndarray, start: int) -> np.ndarray:
+        """ROWS (float32, rows START..) += the update, in place. The update is computed in
+        fixed blocks of BLOCK_ROWS, so a row gets the same bits whoever asks and however many
+        rows they ask for (BLAS sums a product's terms in an order its shape may change)."""
+        n = rows.shape[0]
+        with self._lock:
+            at = start
+            while at < start + n:
+                first = at - at % BLOCK_ROWS
+                block = self._block_at(first)
+                take = min(start + n, first + block.shape[0]) - at
+                rows[at - start:at - start + take] += block[at - first:at - first + take]
+                at += take
+        return rows
 
-    def _rows_of_block(self, first: int) -> np.ndarray:
-        if self._block is not None and self._block[0] == first:
-            return self._block[1]
+    def _block_at(self, first: int) -> np.ndarray:
         last = min(first + BLOCK_ROWS, self.shape[0])
-        block = np.zeros((last - first, self.shape[1]), dtype=np.float32)
-        for left, right in self.pairs:
-            block += left[first:last] @ right
-        self._block = (first, block)
+        if self._block is None:
+            self._block = np.empty((BLOCK_ROWS, self.shape[1]), np.float32)
+            self._term = np.empty_like(self._block)
+        block = self._block[: last - first]
+        if self._first != first:
+            term = self._term[: last - first]
+            for i, (left, right) in enumerate(self.pairs):
+                np.matmul(left[first:last], right, out=term if i else block)
+                if i:
+                    block += term
+            self._first = first
         return block
 
-    def merged(self, raw: np.ndarray, dtype: str, start: int) -> np.ndarray:
-        """Source rows RAW (storage dtype, starting at row START) plus the update, float32."""
-        return to_f32(np.asarray(raw), dtype).reshape(-1, self.shape[1]) + \
-            self.rows(start, raw.size // self.shape[1])  # fmt: skip
+    def rows(self, start: int, n: int) -> np.ndarray:
+        """Rows [start, start + n) of the update."""
+        return self.add_to(np.zeros((n, self.shape[1]), np.float32), start)
+
+    def merged(self, raw: np.ndarray, dtype: str, start: int,
+               out: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+        """Source rows RAW (storage dtype DTYPE, rows from START) plus the update, float32,
+        in OUT when given (the caller's reused buffer)."""
+        raw = np.asarray(raw).reshape(-1, self.shape[1])
+        out = np.empty(raw.shape, np.float32) if out is None else out
+        if dtype == "BF16":  # bf16 is the top half of an f32: exact
+            np.left_shift(raw, 16, out=out.view(np.uint32), dtype=np.uint32)
+        else:
+            np.copyto(out, raw, casting="unsafe")
+        return self.add_to(out, start)
 
 
 # ----------------------------------------------------------------------------- opening
