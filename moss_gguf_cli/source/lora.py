@@ -106,6 +106,9 @@ class TensorDelta:
                 take = min(start + n, first + block.shape[0]) - at
                 rows[at - start:at - start + take] += block[at - first:at - first + take]
                 at += take
+            if start + n >= self.shape[0]:  # read to its end: hold no buffer (tens of MB) on
+                self._block = self._term = None  # for every tensor the run has merged
+                self._first = -1
         return rows
 
     def _block_at(self, first: int) -> np.ndarray:
