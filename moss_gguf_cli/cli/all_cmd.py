@@ -54,6 +54,10 @@ EXAMPLES = """
   moss-gguf all --model OpenMOSS-Team/MOSS-TTS-Nano-100M --output w-nano
   [dim](MOSS-TTS-Nano: its own folder, a Q8_0 global GGUF beside float32 arrays; docs/nano.md)[/dim]
 
+  moss-gguf all --model OpenMOSS-Team/MOSS-TTS --output w-no \\
+      --merge-lora ToSee-Norway/MOSS-TTS-Norwegian-LoRA
+  [dim](a fine-tuned voice: the adapter merged in float32 before quantizing, one read)[/dim]
+
   moss-gguf all --model w/moss-tts-delay_q4_k_m.gguf --output w-backend
   [dim](a first-class GGUF, folder or Hub repo read back into the layout synth speaks)[/dim]
 
@@ -152,6 +156,20 @@ def all_command(
     keep_intermediate: Annotated[
         bool, typer.Option(help="Keep the extracted backbone safetensors and the f16/bf16 GGUF.")
     ] = False,
+    merge_lora: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--merge-lora",
+            help="A PEFT LoRA adapter to merge into the weights before quantizing, in float32 "
+            "as they stream (a folder with adapter_config.json + adapter_model.safetensors, "
+            "or a Hub id); ADAPTER:SCALE scales it; repeatable (stacked in order).",
+        ),
+    ] = None,
+    force_base: Annotated[
+        bool,
+        typer.Option(help="Merge an adapter whose base_model_name_or_path names another "
+                     "model (warned)."),
+    ] = False,
     threads: Annotated[int | None, typer.Option(help="Quantize threads.")] = None,
     base_model: Annotated[
         str | None,
@@ -195,6 +213,8 @@ def all_command(
         audio_tokenizer_revision=audio_tokenizer_revision or r.audio_tokenizer_revision,
         native_codec=pytorch_audio_tokenizer,
         threads=threads,
+        merge_lora=list(merge_lora or []),
+        force_base=force_base,
     )
     request = AllRequest(settings, fmt, audio_tables_type, default_types=not asked,
                          base_model=base_model, command=command_line())  # fmt: skip

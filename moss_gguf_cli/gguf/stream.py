@@ -13,8 +13,9 @@ import math
 import queue
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 import gguf
 import numpy as np
@@ -29,6 +30,16 @@ QT = gguf.GGMLQuantizationType
 SOURCE_DTYPES = {"BF16": np.dtype("<u2"), "F16": np.dtype("<f2"), "F32": np.dtype("<f4")}
 
 
+class RowDelta(Protocol):
+    """An update added to a source tensor's rows as they are read (a merged LoRA adapter,
+    source/lora.TensorDelta): the tensor becomes float32 rows + the update."""
+
+    def merged(self, raw: np.ndarray, dtype: str, start: int,
+               out: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+        """RAW (rows from START, storage dtype DTYPE) plus the update, as float32 rows (in
+        OUT when given)."""
+
+
 @dataclass(frozen=True)
 class SourceTensor:
     """Where a tensor's bytes lie: a safetensors file, an absolute offset, a storage dtype."""
@@ -39,6 +50,7 @@ class SourceTensor:
     shape: tuple[int, ...]
     offset: int
     nbytes: int
+    delta: RowDelta | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -171,6 +183,22 @@ def _chunks(t: GGUFTensor) -> tuple[int, int, int]:
     return rows, row_bytes, max(1, CHUNK_BYTES // row_bytes)
 
 
+def _merged_rows(t: GGUFTensor, f32: np.ndarray, s: Scratch, convert) -> np.ndarray:
+    """A merged tensor's float32 rows in T's type. To f16 (every intermediate `all` makes
+    but bf16's) they are rounded into the chunk's own source buffer, whose bytes are read
+    already: a merge keeps the memory of a plain run (no f32 array per chunk in flight)."""
+    if t.qtype != QT.F16:
+        return convert(t, f32, s)
+    if not np.isfinite(f32).all():
+        raise _nonfinite(t.source)
+    out = np.frombuffer(s.raw, dtype=np.float16, count=f32.size).reshape(f32.shape)
+    with np.errstate(over="ignore"):
+        np.copyto(out, f32, casting="unsafe")
+    if not np.isfinite(out).all():
+        raise _f16_overflow(t, float(np.abs(f32).max()))
+    return out
+
+
 def produce_chunks(
     tensors: list[GGUFTensor],
     ready: queue.Queue,
@@ -182,9 +210,13 @@ def produce_chunks(
     """Read and convert chunk after chunk (with `convert`, default the intermediate's
     type); hand each to the writer through `ready`."""
     convert = convert or convert_rows
+    work = Scratch(0)  # the reader's own float32 rows of a merged tensor, reused
     try:
         for t in tensors:
             src = t.source
+            # a merged tensor is float32 rows once its update is added: converted as such
+            as_merged = replace(t, source=replace(src, dtype="F32", delta=None)) \
+                if src.delta is not None else t  # fmt: skip
             rows, row_bytes, per_chunk = _chunks(t)
             ready.put(("start", t))
             on_read = pages.reader("convert", src.path, src.offset, src.nbytes) if pages else None
@@ -201,8 +233,13 @@ def produce_chunks(
                     _read_exact(f, view, src)
                     if on_read is not None:
                         on_read((start + n) * row_bytes)
-                    raw = np.frombuffer(view, dtype=SOURCE_DTYPES[src.dtype])
-                    data = convert(t, raw.reshape(n, -1), scratch)
+                    raw = np.frombuffer(view, dtype=SOURCE_DTYPES[src.dtype]).reshape(n, -1)
+                    if src.delta is None:
+                        data = convert(t, raw, scratch)
+                    else:
+                        f32 = src.delta.merged(raw, src.dtype, start,
+                                               out=work.take(np.float32, raw.shape))  # fmt: skip
+                        data = _merged_rows(as_merged, f32, scratch, convert)
                     ready.put(("data", np.ascontiguousarray(data), scratch, n * row_bytes))
             ready.put(("end", t))
         ready.put(("done",))

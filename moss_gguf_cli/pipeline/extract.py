@@ -207,6 +207,11 @@ def _stream_cast(
     """Read, cast and check chunk k+1 while chunk k is being written."""
     src_dtype = np.dtype(ref.info.storage_dtype)
     chunk = min(n, _CHUNK_ELEMS)
+    cols = ref.shape[-1]
+    merged = None
+    if ref.delta is not None:  # a merged update is added by whole rows, in one reused buffer
+        chunk = min(n, max(cols, chunk - chunk % cols))
+        merged = np.empty(chunk, dtype=np.float32)
     raw = np.empty(chunk, dtype=src_dtype)
     scratch = np.empty(chunk, dtype=np.uint16)
     outs = [np.empty(chunk, dtype=dtype), np.empty(chunk, dtype=dtype)]
@@ -228,9 +233,12 @@ def _stream_cast(
         out = outs[k % 2]
         if pending[k % 2] is not None:
             pending[k % 2].result()  # that buffer has been written: reuse it
-        _cast_rows(raw[:m], ref.dtype, out[:m])
-        if not _fits(raw[:m], ref.dtype, out[:m], scratch[:m]):
-            _raise_nonfinite(ref, raw[:m], dtype)
+        if merged is not None:
+            _merge_rows(ref, raw[:m], done // cols, merged[:m], out[:m], dtype)
+        else:
+            _cast_rows(raw[:m], ref.dtype, out[:m])
+            if not _fits(raw[:m], ref.dtype, out[:m], scratch[:m]):
+                _raise_nonfinite(ref, raw[:m], dtype)
         pending[k % 2] = writer.submit(sink.write, out[:m])
         done += m
         k += 1
@@ -238,6 +246,22 @@ def _stream_cast(
     for job in pending:
         if job is not None:
             job.result()
+
+
+def _merge_rows(ref: TensorRef, raw: np.ndarray, row: int, work: np.ndarray, out: np.ndarray,
+                dtype: str) -> None:  # fmt: skip
+    """Source rows from ROW plus the merged LoRA update (float32, in WORK), cast into OUT;
+    refused when the sum is not finite in DTYPE."""
+    ref.delta.merged(raw, ref.dtype, row, out=work.reshape(-1, ref.shape[-1]))
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.copyto(out, work, casting="unsafe")
+    if not np.isfinite(out).all():
+        raise NumericError(
+            f"tensor {ref.name!r} with the LoRA update merged has values a {dtype} table "
+            "cannot hold",
+            path=ref.path,
+            hint="lower the adapter's scale (--merge-lora ADAPTER:SCALE)",
+        )
 
 
 def _raise_nonfinite(ref: TensorRef, raw: np.ndarray, dtype: str) -> None:
@@ -392,6 +416,11 @@ def extract(
     max_shard = parse_size(max_shard_size)
     ck = as_checkpoint(model)
     output = Path(output)
+    if backbone_weights and any(ref.delta is not None for _, ref in ck.backbone_tensors()):
+        # the backbone's shards are the source's bytes, copied: an update cannot ride in them
+        raise UsageError("a merged LoRA adapter cannot be kept in the extracted backbone's "
+                         "bf16 shards", hint="drop --keep-intermediate (the GGUFs hold the "
+                         "merged weights)")  # fmt: skip
     jobs = npy_jobs(ck)
     shards = plan_shards(ck.backbone_tensors(), max_shard) if backbone_weights else []
 

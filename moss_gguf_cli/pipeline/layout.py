@@ -222,12 +222,14 @@ def synth_config(
     return config
 
 
-def write_yaml(path: Path, config: dict[str, Any]) -> None:
+def write_yaml(path: Path, config: dict[str, Any], lora: list[dict] | None = None) -> None:
     header = (
         f"# MOSS-TTS synth config written by moss-gguf {__version__}.\n"
         "# Paths are relative to this file. Run:\n"
         f'#   moss-gguf synth --config {path.name} --text "Hello" --output out.wav\n'
     )
+    for entry in lora or []:  # a merged model says so where its user looks
+        header += f"# Merged LoRA adapter: {entry['adapter']} (scale {entry['scale']:g})\n"
     path.write_text(
         header + yaml.safe_dump(config, sort_keys=False, allow_unicode=True), encoding="utf-8"
     )
@@ -309,11 +311,12 @@ def arrange(
         bar.finish("layout")
 
         config_path = stage.path / config_name
-        write_yaml(config_path, synth_config(ggufs[0].name, codec, synth_overrides))
+        lora = made_from.lora if made_from is not None else []
+        write_yaml(config_path, synth_config(ggufs[0].name, codec, synth_overrides), lora)
         extra = []
         for g in ggufs[1:]:
             name = f"{Path(config_name).stem}-{g.stem}.yaml"
-            write_yaml(stage.path / name, synth_config(g.name, codec, synth_overrides))
+            write_yaml(stage.path / name, synth_config(g.name, codec, synth_overrides), lora)
             extra.append(output / name)
 
         rels = [i.rel for i in items] + [config_name] + [p.name for p in extra]
@@ -338,6 +341,7 @@ def arrange(
             "checks": _checks(source_check, codec),
             "made_from": made_from.to_json() if made_from is not None else None,
             "card": "README.md",  # the model card: outside "files" (pipeline/card.py)
+            "lora": lora,  # merged adapters: id or path, scale, sha256 of their files
             "files": [e.__dict__ for e in entries],
         }
         (stage.path / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -402,7 +406,7 @@ def add_audio_tokenizer(
         data["audio_encoder_onnx"] = enc
         data["audio_decoder_onnx"] = f"{AUDIO_TOKENIZER_DIR}/{codec.decoder.as_posix()}"
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        write_yaml(tmp, data)
+        write_yaml(tmp, data, manifest.get("lora"))
         os.replace(tmp, path)
     kept = [
         f for f in manifest.get("files", [])

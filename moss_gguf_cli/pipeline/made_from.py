@@ -23,7 +23,7 @@ from ..errors import OutputError
 
 RECORD_NAME = "made_from.json"
 # what a work folder's contents depend on (the codec and synth settings only touch the layout)
-WORK_KEYS = ("source", "outtype", "imatrix", "format")
+WORK_KEYS = ("source", "outtype", "imatrix", "format", "lora")
 _SOURCE_FILES = ("*.safetensors", "*.json", "*.txt", "*.gguf", "*.npy", "*.model")
 
 
@@ -35,6 +35,7 @@ class MadeFrom:
     codec: str | None = None  # the codec asked for (repo id[@revision], folder, builtin, none)
     synth: dict[str, Any] = field(default_factory=dict)
     format: str = "backend"
+    lora: list[dict[str, Any]] = field(default_factory=list)  # merged adapters (source/lora)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -95,6 +95,7 @@ def check_nano_settings(
         (settings.outtype not in ("auto", "f32"), f"--outtype {settings.outtype}"),
         (settings.keep_intermediate, "--keep-intermediate"),
         (bool(settings.synth), "a recipe's synth settings"),
+        (bool(settings.merge_lora), "--merge-lora"),  # #49 merges into the delay family only
     ]
     for bad, option in refused:
         if bad:

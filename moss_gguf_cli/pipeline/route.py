@@ -167,6 +167,9 @@ def _run_route(request: AllRequest, progress: ProgressReporter | None) -> AllOut
             hint=f"add --format {FORMAT}, or run: moss-gguf convert "
             f"{settings.native_codec} --format {CODEC_FORMAT} -o DIR",
         )
+    if settings.merge_lora and FORMAT in formats:
+        raise UsageError(f"--merge-lora writes the backend folder only, not {FORMAT}",
+                         hint="drop --format moss-tts-delay, or merge with PEFT first")  # fmt: skip
     if BACKEND not in formats:
         route = choose_route(None, formats)
         return AllOutcome(route, folder=run_first_class(settings, bar, audio_tables=tables))
@@ -175,6 +178,10 @@ def _run_route(request: AllRequest, progress: ProgressReporter | None) -> AllOut
         parse_audio_tables_type(tables)
     found = find_input(settings, bar)
     route = choose_route(found.kind, formats)
+    if settings.merge_lora and route.backend in (Backend.FROM_FIRST_CLASS, Backend.PRECONVERTED):
+        raise UsageError("--merge-lora merges into a source checkpoint's weights; this model "
+                         "is converted already",
+                         hint="give the base checkpoint as --model")  # fmt: skip
     if not route.first_class:
         return AllOutcome(route, result=_backend(route.backend, settings, found, bar))
     if route.one_read:

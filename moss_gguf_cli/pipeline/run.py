@@ -20,7 +20,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +40,7 @@ from ..source.audio_tokenizer import resolve as resolve_codec
 from ..source.checkpoint import MossCheckpoint, as_checkpoint, open_checkpoint, resolve_model
 from ..source.hub import is_repo_id
 from ..source.hub import locate as locate_repo
+from ..source.lora import AdapterSpec, base_mismatch, merged, open_adapter, plan_merge
 from ..source.preconverted import GgufRepo, choose, derive_meta, fetch, write_meta
 from ..source.tables import npy_jobs
 from .from_first_class import FirstClassInput, unpack
@@ -188,6 +189,9 @@ def _resolve(
     )  # fmt: skip
     companion = also(model_dir) if also is not None else None  # its refusals come first
     made_from = _made_from(settings, model_dir, is_tiny)
+    if settings.merge_lora:  # every adapter checked against the base before any work
+        checkpoint, lora = merge_adapters(settings, checkpoint, made_from.source, bar)
+        made_from = replace(made_from, lora=lora)
     if layout_done:
         refuse_other(output, manifest_made_from(output), made_from)
     else:
@@ -202,6 +206,24 @@ def _resolve(
         settings, bar, on_step, output, work, file_types, ggufs, checkpoint, codec, quantizer,
         layout_done, made_from, companion,
     )  # fmt: skip
+
+
+def merge_adapters(settings: AllSettings, ck: MossCheckpoint | None, source: dict,
+                   bar: ProgressReporter) -> tuple[MossCheckpoint | None, list[dict]]:  # fmt: skip
+    """CK with every --merge-lora adapter's update on the tensors it targets (CK None: a
+    finished folder, whose record is compared), and the adapters' records for the manifest."""
+    adapters = [open_adapter(AdapterSpec.parse(a), settings.cache_dir, bar)
+                for a in settings.merge_lora]  # fmt: skip
+    for adapter in adapters:
+        other = base_mismatch(adapter, source)
+        if other and not settings.force_base:
+            raise InputError(f"{other}: an adapter for another base", path=adapter.folder,
+                             hint="merge it into its own base, or pass --force-base")  # fmt: skip
+        if other:
+            log.warning("merging %s although it %s (--force-base)", adapter.spec.ref, other)
+    if ck is not None:
+        ck = merged(ck, plan_merge(ck, adapters))
+    return ck, [a.record() for a in adapters]
 
 
 def _made_from(settings: AllSettings, model_dir: Path, is_tiny: bool) -> MadeFrom:
@@ -258,6 +280,11 @@ def _check_settings(settings: AllSettings) -> list[str]:
     parse_engine(settings.engine)
     if settings.imatrix is not None and not Path(settings.imatrix).is_file():
         raise InputError("importance matrix file not found", path=settings.imatrix)
+    if settings.merge_lora and settings.keep_intermediate:
+        raise UsageError("--merge-lora with --keep-intermediate: the extracted backbone's "
+                         "shards are the source's bytes and cannot hold the merged update",
+                         hint="drop --keep-intermediate (the GGUFs hold the merged "
+                         "weights)")  # fmt: skip
     return file_types
 
 

@@ -67,6 +67,8 @@ class AllSettings:
     native_codec: str | None = None  # first-class: the PyTorch tokenizer → codec GGUFs
     threads: int | None = None
     synth: dict[str, Any] = field(default_factory=dict)  # moss-tts.yaml keys to override
+    merge_lora: list[str] = field(default_factory=list)  # ADAPTER[:SCALE], merged in order
+    force_base: bool = False  # merge an adapter that names another base (warned)
 
 
 @dataclass

@@ -108,7 +108,8 @@ def _moss_backbone(ck: MossCheckpoint) -> Backbone:
         tokenizer_dir=ck.root,
         tensors={
             name: SourceTensor(
-                ref.name, ref.path, ref.dtype, tuple(ref.shape), ref.offset, ref.nbytes
+                ref.name, ref.path, ref.dtype, tuple(ref.shape), ref.offset, ref.nbytes,
+                ref.delta,
             )
             for name, ref in ck.backbone_tensors()
         },

@@ -17,6 +17,7 @@ import numpy as np
 from ..disk.confine import boundary, child, confined
 from ..errors import InputError, UnsupportedModelError
 from ..gguf.qwen3_names import layer_shapes
+from ..gguf.stream import RowDelta
 from ..progress import ProgressReporter
 from .hub import download, is_repo_id
 from .safetensors_io import TensorInfo, read_header, to_f32
@@ -143,6 +144,8 @@ class TensorRef:
     name: str
     path: Path
     info: TensorInfo
+    # a merged LoRA update (source/lora.TensorDelta): every reader adds its rows
+    delta: RowDelta | None = field(default=None, compare=False)
 
     @property
     def dtype(self) -> str:
@@ -167,6 +170,8 @@ class TensorRef:
     def read_f32(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Rows [start, stop) widened to float32."""
         rows = self.array()[start:stop]
+        if self.delta is not None:
+            return self.delta.merged(rows, self.dtype, start)
         return to_f32(np.asarray(rows), self.dtype)
 
 

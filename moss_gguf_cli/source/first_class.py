@@ -28,7 +28,8 @@ from .checkpoint import MossCheckpoint, MossConfig, open_checkpoint
 
 
 def _source(name: str, ref: Any) -> SourceTensor:
-    return SourceTensor(name, ref.path, ref.dtype, tuple(ref.shape), ref.offset, ref.nbytes)
+    return SourceTensor(name, ref.path, ref.dtype, tuple(ref.shape), ref.offset, ref.nbytes,
+                        ref.delta)  # fmt: skip
 
 
 def plan_first_class_tensors(ck: MossCheckpoint, outtype: OutType) -> list[GGUFTensor]:

@@ -9,15 +9,17 @@ stays independent of the vocabulary; --source compares every row of every tensor
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 
 from ..disk.layout_names import META_NAME
-from ..errors import UsageError
+from ..errors import InputError, UsageError
 from ..gguf.read import GgufFile
 from ..report import FAIL, PASS
 from ..source.checkpoint import BUILTIN_PREFIX, MossCheckpoint, open_checkpoint, resolve_model
+from ..source.lora import AdapterSpec, merged, open_adapter, plan_merge
 from .context import Context
 from .model_facts import Facts, facts_diff, facts_from_config, facts_line, read_meta_facts
 from .quality import QualitySummary, TensorQuality, tensor_threshold
@@ -42,6 +44,8 @@ def open_source(ctx: Context) -> None:
         ctx.ck = open_checkpoint(resolve_model(ctx.source_arg, progress=ctx.bar))
     elif ctx.deep:
         ctx.ck = _recorded_source(ctx)
+    if ctx.ck is not None:
+        ctx.ck = _with_recorded_adapters(ctx, ctx.ck)
     src_facts = None
     if ctx.ck is not None:
         src_facts = facts_from_config(ctx.ck.config, "source", ctx.ck.root / "config.json")
@@ -66,6 +70,42 @@ def open_source(ctx: Context) -> None:
     if ctx.facts is None and ctx.t.meta is not None and ctx.t.embedding_dir is not None:
         n = len(list(ctx.t.embedding_dir.glob("emb_ext_*.npy")))
         ctx.facts = Facts("the tables present", n_vq=n or None)
+
+
+def _with_recorded_adapters(ctx: Context, ck: MossCheckpoint) -> MossCheckpoint:
+    """The source as the folder was made from it: with the LoRA adapters its manifest says
+    were merged (each found again and its files' sha256 checked against the record)."""
+    records = _manifest_lora(ctx)
+    if not records:
+        return ck
+    if ctx.deep:  # the reference forward runs on the checkpoint's own files
+        raise UsageError("--deep runs the source's torch forward, which knows nothing of the "
+                         "LoRA adapters this folder was merged with", path=ctx.t.path,
+                         hint="verify it with --source alone")  # fmt: skip
+    adapters = []
+    for record in records:
+        adapter = open_adapter(AdapterSpec(str(record["adapter"]), float(record["scale"])),
+                               progress=ctx.bar)  # fmt: skip
+        if adapter.sha256 != record.get("sha256"):
+            raise InputError("is not the adapter this folder was merged with (its files' "
+                             "sha256 differ from the manifest's)", path=adapter.folder,
+                             hint="give verify the adapter the folder was made with")  # fmt: skip
+        adapters.append(adapter)
+    ctx.rows.add("merged adapters", PASS, "; ".join(
+        f"{r['adapter']} (scale {float(r['scale']):g})" for r in records) +
+        ": the source is compared with their updates added")  # fmt: skip
+    return merged(ck, plan_merge(ck, adapters))
+
+
+def _manifest_lora(ctx: Context) -> list[dict]:
+    path = ctx.t.manifest
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")) if path is not None else {}
+    except (OSError, ValueError):
+        return []  # the manifest's own row says what is wrong with it
+    lora = data.get("lora") if isinstance(data, dict) else None
+    return [r for r in lora if isinstance(r, dict) and "adapter" in r] if isinstance(lora, list) \
+        else []  # fmt: skip
 
 
 def _recorded_source(ctx: Context) -> MossCheckpoint | None:

@@ -144,6 +144,13 @@ def row_reader(path: Path, offset: int, row_len: int, dtype: str, fd: int):
     return read
 
 
+def _with_delta(read: Callable[[int, int], np.ndarray], ref: TensorRef):
+    def merged(row0: int, row1: int) -> np.ndarray:
+        return read(row0, row1) + ref.delta.rows(row0, row1 - row0)
+
+    return merged
+
+
 def compare_tensors(
     g: GgufFile, pairs: list[tuple[GgufTensorInfo, TensorRef]], progress: ProgressReporter
 ) -> list[tuple[GgufTensorInfo, TensorRef, float, float]]:
@@ -167,6 +174,8 @@ def compare_tensors(
         def work(task) -> None:
             t, ref, a, b = task
             read = row_reader(ref.path, ref.offset, t.dims[0], ref.dtype, fds[ref.path])
+            if ref.delta is not None:  # a merged LoRA adapter: the source plus its update
+                read = _with_delta(read, ref)
             compare_block(fds[g.path], g, t, a, b, read, sums[t.name])
             with lock:
                 progress.advance(f"verify:compare:{g.path.name}", (b - a) * t.dims[0])

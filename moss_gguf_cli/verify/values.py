@@ -318,7 +318,17 @@ def _compare_with_source(values, res, src: TensorRef, fd: int, done: int, row_le
         res.source_problem = f"source {src.name} ends early"
         return
     s = np.frombuffer(raw, dtype=sdt)
-    cast = s.view(ml_dtypes.bfloat16).astype(dtype) if src.dtype == "BF16" else s.astype(dtype)
+    if src.delta is not None:  # merged LoRA: the rows extract wrote, from the same update
+        first, last = done // row_len, -(-(done + values.size) // row_len)
+        rows = np.frombuffer(pread(fd, (last - first) * row_len * sdt.itemsize,
+                                   src.offset + first * row_len * sdt.itemsize), dtype=sdt)
+        merged = src.delta.merged(rows, src.dtype, first).reshape(-1)
+        with np.errstate(over="ignore"):
+            cast = merged[done - first * row_len:][: values.size].astype(dtype)
+    elif src.dtype == "BF16":
+        cast = s.view(ml_dtypes.bfloat16).astype(dtype)
+    else:
+        cast = s.astype(dtype)
     uint = np.dtype(f"<u{dtype.itemsize}")
     if not np.array_equal(cast.view(uint), values.view(uint)):
         first = int(np.flatnonzero(cast.view(uint) != values.view(uint))[0])
