@@ -1,0 +1,311 @@
+"""MOSS-TTS-Nano speaking: a Nano folder loaded, text in, 48 kHz stereo out (docs/nano.md).
+
+The global transformer runs in llama.cpp (tts/backbone.Backbone on the folder's starcoder2
+GGUF, fed embeddings), the local transformer and heads in NumPy (nano/local.py), sampling with
+tts/sampling.py's rules at upstream's Nano defaults, the codec through decode_step
+(nano/codec.py). A text is split into chunks (nano/prompt.split_text), each spoken from its
+own prompt with the same reference codes, joined with upstream's pauses. `NanoEngine.speak`
+yields the audio as it is decoded; collecting it gives the whole answer, the same bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from ..disk.confine import boundary, child, confined
+from ..errors import InputError, UsageError
+from ..source.nano_codec import open_nano_codec
+from ..tts.backbone import Backbone, BackboneSettings
+from ..tts.config import FAMILY_KEY, NANO_FAMILY
+from ..tts.sampling import Sampler, SamplingParams
+from .codec import DecodePlan, NanoCodecRuntime
+from .config import NanoConfig
+from .layout import local_files, table_files
+from .local import LocalTransformer, load_arrays
+from .prompt import NanoTokenizer, pause_after, prompt_ids, prompt_rows, split_text
+
+_HINT = "rerun `moss-gguf all` on the model"
+
+
+@dataclass(frozen=True)
+class NanoSettings:
+    """How one request is spoken; upstream's running defaults (its runtime's `synthesize`)."""
+
+    max_new_tokens: int = 375  # frames per chunk: 30 s at 12.5 frames a second
+    min_new_tokens: int = 0  # the stop is masked before this many frames
+    text_temperature: float = 1.0
+    text_top_p: float = 1.0
+    text_top_k: int = 50
+    audio_temperature: float = 0.8
+    audio_top_p: float = 0.95
+    audio_top_k: int = 25
+    audio_repetition_penalty: float = 1.2
+    seed: int | None = None
+
+    def override(self, **values: Any) -> NanoSettings:
+        return dataclasses.replace(self, **{k: v for k, v in values.items() if v is not None})
+
+    def check(self) -> None:
+        if self.max_new_tokens < 1 or self.min_new_tokens < 0:
+            raise UsageError("max_new_tokens must be 1 or more and min_new_tokens 0 or more")
+        if self.min_new_tokens > self.max_new_tokens:
+            raise UsageError(f"min_new_tokens {self.min_new_tokens} is above max_new_tokens "
+                             f"{self.max_new_tokens}")  # fmt: skip
+
+
+SETTING_KEYS = tuple(f.name for f in dataclasses.fields(NanoSettings) if f.name != "seed")
+
+
+@dataclass(frozen=True)
+class NanoFolderConfig:
+    """A Nano folder's moss-tts-nano.yaml: its files, resolved inside the folder, and the
+    sampling defaults it sets."""
+
+    folder: Path
+    global_gguf: Path
+    tokenizer: Path
+    codec: Path | None
+    nano: NanoConfig
+    settings: NanoSettings
+    n_ctx: int = 2048
+    n_threads: int = 0  # 0: the physical cores
+
+    @classmethod
+    def from_yaml(cls, path: Path) -> NanoFolderConfig:
+        path = Path(path).expanduser()
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise InputError(f"cannot read the config YAML: {str(exc).splitlines()[0]}",
+                             path=path) from None  # fmt: skip
+        return cls.from_dict(data, path)
+
+    @classmethod
+    def from_dict(cls, data: Any, path: Path) -> NanoFolderConfig:
+        if not isinstance(data, dict) or data.get(FAMILY_KEY) != NANO_FAMILY:
+            raise InputError(f"not a MOSS-TTS-Nano config ({FAMILY_KEY}: {NANO_FAMILY})",
+                             path=path, hint=_HINT)  # fmt: skip
+        folder = path.resolve().parent
+        root = boundary(folder)
+
+        def inside(key: str) -> Path:
+            if not isinstance(data.get(key), str):
+                raise InputError(f"the config names no {key}", path=path, hint=_HINT)
+            return confined(child(folder, data[key], key, path), root)
+
+        config_json = folder / "config.json"
+        try:
+            nano = NanoConfig.from_dict(json.loads(config_json.read_text(encoding="utf-8")),
+                                        config_json)  # fmt: skip
+        except (OSError, ValueError) as exc:
+            raise InputError(f"cannot read the model's config ({exc})", path=config_json,
+                             hint=_HINT) from None  # fmt: skip
+        settings = NanoSettings()
+        values = {k: data[k] for k in SETTING_KEYS if data.get(k) is not None}
+        try:
+            settings = settings.override(**{k: type(getattr(settings, k))(v)
+                                            for k, v in values.items()})  # fmt: skip
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"a sampling value has the wrong type ({exc})", path=path) from None
+        codec = inside("audio_tokenizer_dir") if data.get("audio_tokenizer_dir") else None
+        return cls(folder, inside("global_gguf"), inside("tokenizer"), codec, nano, settings,
+                   int(data.get("n_ctx") or 2048), int(data.get("n_threads") or 0))  # fmt: skip
+
+
+@dataclass
+class ChunkResult:
+    index: int
+    text: str
+    frames: int = 0
+    ended: str = ""  # "stop": the model ended it; "max": max_new_tokens reached
+
+
+@dataclass
+class NanoProfile:
+    prompt_rows: int = 0
+    prefill_s: float = 0.0
+    global_s: float = 0.0
+    local_s: float = 0.0
+    decode_s: float = 0.0
+    frames: int = 0
+    samples: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def total_s(self) -> float:
+        return time.perf_counter() - self.started
+
+
+class NanoEngine:
+    """A loaded Nano folder. One utterance at a time (`lock`): the global transformer holds
+    one KV sequence."""
+
+    def __init__(self, config: NanoFolderConfig, n_threads: int | None = None,
+                 n_ctx: int | None = None):  # fmt: skip
+        if config.codec is None:
+            raise InputError("this Nano folder has no audio tokenizer, so it cannot speak",
+                             path=config.folder,
+                             hint="rerun `moss-gguf all` with --audio-tokenizer")  # fmt: skip
+        self.config, nano = config, config.nano
+        self.nano, self.tokens = nano, nano.tokens
+        self.lock = threading.Lock()
+        threads = n_threads if n_threads is not None else config.n_threads
+        folder = config.folder
+        tables = load_arrays(folder, list(table_files(nano)))
+        names = list(table_files(nano))
+        self.wte = tables[names[0]]
+        self.audio = [tables[n] for n in names[1:]]
+        local = load_arrays(folder, list(local_files(nano)))
+        local = {Path(k).name[: -len(".npy")]: v for k, v in local.items()}
+        self.local = LocalTransformer(local, nano.dims, nano.local_layers, nano.n_vq + 1)
+        slot, end = self.tokens["audio_assistant_slot_token_id"], self.tokens["audio_end_token_id"]
+        self._decision = np.ascontiguousarray(self.wte[[slot, end]])  # continue vs stop rows
+        self.tokenizer = NanoTokenizer(config.tokenizer)
+        self.codec = NanoCodecRuntime(open_nano_codec(config.codec), threads=1)
+        self.sample_rate, self.channels = self.codec.sample_rate, self.codec.channels
+        self.frame_samples = self.sample_rate * 2 // 25  # 12.5 frames a second
+        self.backbone = Backbone(config.global_gguf, BackboneSettings(
+            n_ctx=n_ctx or config.n_ctx, n_batch=512, n_threads=threads or 0, n_gpu_layers=0,
+            flash_attn="disabled"))  # fmt: skip
+        self._row = np.empty(nano.hidden, np.float32)
+        self.plan = DecodePlan()
+
+    def close(self) -> None:
+        self.backbone.close()
+
+    # -- prompts
+
+    def reference_codes(self, clip: Path) -> np.ndarray:
+        """(frames, n_vq) codes of a reference clip (any rate and channels)."""
+        codes = self.codec.encode(self.codec.read_clip(clip))
+        if codes.shape[0] == 0:
+            raise InputError("the reference clip is too short to hold one frame", path=clip)
+        return codes
+
+    def prompt(self, text: str, reference: np.ndarray | None) -> np.ndarray:
+        """TEXT's prompt rows (S, n_vq + 1), with REFERENCE codes or without."""
+        ids = prompt_ids(self.tokenizer, self.tokens, text, reference is not None)
+        return prompt_rows(ids, reference, self.tokens, self.nano.n_vq, self.nano.audio_pad)
+
+    def embed(self, rows: np.ndarray) -> np.ndarray:
+        """(S, hidden) inputs: wte[text id] + Σ_q audio_embeddings_q[code] where not padded."""
+        out = self.wte[rows[:, 0]].copy()
+        for q, table in enumerate(self.audio):
+            codes = rows[:, q + 1]
+            real = codes != self.nano.audio_pad
+            if real.any():
+                out[real] += table[codes[real]]
+        return out
+
+    # -- frames
+
+    def frames(self, rows: np.ndarray, settings: NanoSettings, sampler: Sampler,
+               chunk: ChunkResult, profile: NanoProfile) -> Iterator[np.ndarray]:  # fmt: skip
+        """The frames (n_vq,) of one prompt, until the model stops or max_new_tokens."""
+        slot = self.tokens["audio_assistant_slot_token_id"]
+        n_vq, local = self.nano.n_vq, self.local
+        t = time.perf_counter()
+        self.backbone.reset()
+        hidden, _ = self.backbone.prefill(self.embed(rows).astype(np.float32), logits=False)
+        profile.prefill_s += time.perf_counter() - t
+        profile.prompt_rows += rows.shape[0]
+        seen = np.zeros((n_vq, max(self.nano.codebook_sizes)), dtype=bool)
+        decision = np.empty(2, np.float32)
+        for f in range(settings.max_new_tokens):
+            t = time.perf_counter()
+            local.reset()
+            np.dot(self._decision, local.step(hidden), out=decision)
+            if f < settings.min_new_tokens:
+                decision[1] = -np.inf
+            if sampler.text(decision) == 1:
+                chunk.ended = "stop"
+                profile.local_s += time.perf_counter() - t
+                return
+            codes = np.empty(n_vq, np.int64)
+            x = self.wte[slot]
+            for k in range(n_vq):
+                logits = self.audio[k] @ local.step(x)
+                code = int(sampler.audio(logits[None], seen[k : k + 1, : logits.shape[0]])[0])
+                codes[k], seen[k, code] = code, True
+                x = self.audio[k][code]
+            profile.local_s += time.perf_counter() - t
+            chunk.frames += 1
+            profile.frames += 1
+            yield codes
+            if f + 1 == settings.max_new_tokens:
+                break
+            t = time.perf_counter()
+            row = self._row
+            row[:] = self.wte[slot]
+            for q, table in enumerate(self.audio):
+                row += table[codes[q]]
+            hidden, _ = self.backbone.step(row, logits=False)
+            profile.global_s += time.perf_counter() - t
+        chunk.ended = "max"
+
+    # -- speech
+
+    def speak(self, text: str, reference: np.ndarray | None = None,
+              settings: NanoSettings | None = None) -> NanoSpeech:  # fmt: skip
+        """TEXT spoken (with REFERENCE codes, or the model's own voice); iterate the result
+        for the audio. The caller holds `lock` while iterating."""
+        settings = settings or self.config.settings
+        settings.check()
+        chunks = split_text(self.tokenizer, text)
+        return NanoSpeech(self, chunks, reference, settings)
+
+
+class NanoSpeech:
+    """One request's audio as it is made: iterate for (channels, samples) float32 pieces;
+    `chunks` and `profile` say what happened."""
+
+    def __init__(self, engine: NanoEngine, texts: list[str], reference: np.ndarray | None,
+                 settings: NanoSettings):  # fmt: skip
+        self.engine, self.texts, self.reference, self.settings = engine, texts, reference, settings
+        self.chunks = [ChunkResult(i, t) for i, t in enumerate(texts)]
+        self.profile = NanoProfile()
+        text_params = SamplingParams(settings.text_temperature, settings.text_top_p,
+                                     settings.text_top_k)  # fmt: skip
+        audio_params = SamplingParams(settings.audio_temperature, settings.audio_top_p,
+                                      settings.audio_top_k, settings.audio_repetition_penalty)
+        self.sampler = Sampler(text_params, audio_params, settings.seed)
+
+    @property
+    def frames(self) -> int:
+        return sum(c.frames for c in self.chunks)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        engine, plan, profile = self.engine, self.engine.plan, self.profile
+        last = len(self.texts) - 1
+        for chunk in self.chunks:
+            rows = engine.prompt(chunk.text, self.reference)
+            decoder, pending, calls = engine.codec.stream(), [], 0
+            for codes in engine.frames(rows, self.settings, self.sampler, chunk, profile):
+                pending.append(codes)
+                take = plan.ready(calls, len(pending))
+                if take:
+                    yield self._decode(decoder, pending[:take])
+                    pending, calls = pending[take:], calls + 1
+            if pending:
+                yield self._decode(decoder, pending)
+            if chunk.index < last and chunk.frames:
+                pause = round(engine.sample_rate * pause_after(chunk.text))
+                profile.samples += pause
+                yield np.zeros((engine.channels, pause), np.float32)
+
+    def _decode(self, decoder, frames: list[np.ndarray]) -> np.ndarray:
+        t = time.perf_counter()
+        audio = decoder.decode(np.stack(frames))
+        self.profile.decode_s += time.perf_counter() - t
+        self.profile.samples += audio.shape[1]
+        return audio
