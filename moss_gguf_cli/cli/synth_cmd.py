@@ -1,4 +1,5 @@
-"""`moss-gguf synth`: speak text with the converted weights, write a 24 kHz WAV."""
+"""`moss-gguf synth`: speak text with the converted weights, write a WAV (24 kHz mono; a
+MOSS-TTS-Nano folder: 48 kHz stereo)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from rich.table import Table
 
 from ..doctor import preflight
 from ..errors import InputError, UsageError
+from ..nano.engine import NanoFolderConfig, is_nano_config
+from ..nano.synth import nano_synth
 from ..quantize.engines import Engine
 from ..tts import (
     Speaker,
@@ -59,6 +62,11 @@ EXAMPLES = """
 
   # its chunks one after another instead of side by side (less memory)
   moss-gguf synth --config weights/moss-tts.yaml --text-file book.txt -o book.wav --max-batch 1
+
+  # MOSS-TTS-Nano (48 kHz stereo): its own voice, or a clip's
+  moss-gguf synth --config weights-nano/moss-tts-nano.yaml --text "Hello" -o hi.wav
+  moss-gguf synth --config weights-nano/moss-tts-nano.yaml --text-file story.txt \\
+      --reference voice.wav -o story.wav --seed 7
 
   # upstream's command lines work as they are (--output defaults to output.wav)
   moss-gguf synth --config configs/llama_cpp/default.yaml --text "Hello!" \\
@@ -109,7 +117,15 @@ def synth_command(
         str | None, typer.Option(help="Ambient sound (SoundEffect).")
     ] = None,
     max_new_tokens: Annotated[
-        int | None, typer.Option("--max-new-tokens", "--max-tokens", help="Most generation steps.")
+        int | None,
+        typer.Option("--max-new-tokens", "--max-tokens",
+                     help="Most generation steps (MOSS-TTS-Nano: frames a chunk, 12.5 a second)."),
+    ] = None,
+    min_new_tokens: Annotated[
+        int | None,
+        typer.Option("--min-new-tokens",
+                     help="MOSS-TTS-Nano: frames before the model may stop (random weights stop "
+                     "at once)."),
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Same seed, same WAV.")] = None,
     text_temperature: Annotated[
@@ -183,6 +199,31 @@ def synth_command(
 ) -> None:
     mode = OutputMode(quiet=quiet, verbose=verbose)
     setup_logging(mode)
+    if is_nano_config(config):
+        delay_only = {"--reference-text": reference_text, "--instruction": instruction,
+                      "--language": language, "--tokens": tokens, "--quality": quality,
+                      "--sound-event": sound_event, "--ambient-sound": ambient_sound,
+                      "--heads-backend": heads_backend, "--n-gpu-layers": n_gpu_layers,
+                      "--flash-attn": flash_attn, "--dry-run": dry_run or None,
+                      "--json": as_json or None}  # fmt: skip
+        given = [name for name, value in delay_only.items() if value]
+        if given:
+            raise UsageError(f"{', '.join(given)} do(es) not apply to a MOSS-TTS-Nano folder",
+                             hint="Nano takes the text, one --reference clip, the sampling "
+                             "options, --seed and --min/--max-new-tokens")  # fmt: skip
+        if len(reference or []) > 1:
+            raise UsageError("MOSS-TTS-Nano clones one voice: give one --reference clip")
+        sampling = dict(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
+                        text_temperature=text_temperature, text_top_p=text_top_p,
+                        text_top_k=text_top_k, audio_temperature=audio_temperature,
+                        audio_top_p=audio_top_p, audio_top_k=audio_top_k,
+                        audio_repetition_penalty=audio_repetition_penalty, seed=seed)  # fmt: skip
+        _speak_nano(config, output, _read_text(text, text_file), (reference or [None])[0],
+                    sampling, stream, threads, n_ctx, profile, mode)  # fmt: skip
+        return
+    if min_new_tokens is not None:
+        raise UsageError("--min-new-tokens is MOSS-TTS-Nano's; the delay models stop on "
+                         "their own <|im_end|>")  # fmt: skip
     language_name(language)  # a wrong language is one line now, not after minutes of loading
     settings = SynthConfig.from_yaml(config).override(
         max_new_tokens=max_new_tokens,
@@ -237,6 +278,50 @@ def synth_command(
         # measured after the run, in the same process: the floor's bandwidth is now's
         floor = step_floor(settings)
         (stderr if result.output is None else stdout).print(_profile_table(p, floor, result))
+    if result.output is not None:
+        typer.echo(str(result.output))
+
+
+def _speak_nano(config: Path, output: Path, words: str | None, reference: Path | None,
+                sampling: dict, stream: bool, threads: int | None, n_ctx: int | None,
+                profile: bool, mode: OutputMode) -> None:  # fmt: skip
+    """A Nano folder speaks: 48 kHz stereo, a WAV, or 16-bit PCM as it is made (--stream)."""
+    folder = NanoFolderConfig.from_yaml(config)
+    settings = folder.settings.override(**sampling)
+    if stream:
+        sink = sys.stdout.buffer if str(output) == "-" else output
+        fmt = "wav" if str(output) != "-" and output.suffix.lower() == ".wav" else "pcm"
+    elif str(output) == "-":
+        raise UsageError("--output - writes to stdout, which needs --stream")
+    else:
+        sink, fmt = output, None
+    preflight(needs_quantize=False, needs_runtime=True, output=output, needed_bytes=None,
+              llama_cpp=None, engine=Engine.AUTO)  # fmt: skip
+    result = nano_synth(folder, sink, words or "", reference, settings, fmt, threads, n_ctx)
+    p, chunks = result.profile, len(result.speech.chunks)
+    rtf = p.total_s / result.seconds if result.seconds else 0.0
+    more = f" ({chunks} chunks)" if chunks > 1 else ""
+    info(mode, f"{p.frames} frames, {result.seconds:.2f} s of {result.sample_rate // 1000} kHz "
+         f"{'stereo' if result.channels == 2 else 'mono'} audio in {p.total_s:.1f} s "
+         f"(real-time factor {rtf:.2f}){more}")  # fmt: skip
+    for c in result.speech.chunks:
+        if c.ended == "max":
+            stderr.print(f"warning: chunk {c.index + 1} of {chunks} reached --max-new-tokens "
+                         f"({c.frames} frames) before the model ended it")  # fmt: skip
+    if profile:
+        table = Table(title="synth profile (MOSS-TTS-Nano)", show_header=True)
+        table.add_column("measure")
+        table.add_column("value", justify="right")
+        per = 1000.0 / max(1, p.frames)
+        for name, value in (("prompt rows", str(p.prompt_rows)),
+                            ("prefill", f"{p.prefill_s:.3f} s"),
+                            ("global / frame", f"{p.global_s * per:.2f} ms"),
+                            ("local + heads + sampling / frame", f"{p.local_s * per:.2f} ms"),
+                            ("codec decode / frame", f"{p.decode_s * per:.2f} ms"),
+                            ("frames", f"{p.frames} ({p.frames / max(p.total_s, 1e-9):.1f}/s)"),
+                            ("real-time factor", f"{rtf:.3f}")):  # fmt: skip
+            table.add_row(name, value)
+        (stderr if result.output is None else stdout).print(table)
     if result.output is not None:
         typer.echo(str(result.output))
 

@@ -66,6 +66,16 @@ class NanoSettings:
 SETTING_KEYS = tuple(f.name for f in dataclasses.fields(NanoSettings) if f.name != "seed")
 
 
+def is_nano_config(path: Path) -> bool:
+    """Whether the YAML at PATH says it is a Nano folder's (False when it cannot be read: the
+    delay family's reader then says why)."""
+    try:
+        data = yaml.safe_load(Path(path).expanduser().read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and data.get(FAMILY_KEY) == NANO_FAMILY
+
+
 @dataclass(frozen=True)
 class NanoFolderConfig:
     """A Nano folder's moss-tts-nano.yaml: its files, resolved inside the folder, and the

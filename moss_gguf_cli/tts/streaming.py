@@ -183,11 +183,11 @@ def pcm16(chunk: np.ndarray) -> bytes:
     return np.round(clipped * 32767.0).astype("<i2").tobytes()
 
 
-def wav_header(rate: int, data_bytes: int | None = None) -> bytes:
-    """The 44-byte header of a 16-bit mono WAV. Without DATA_BYTES the sizes say 'unknown'
-    (0xFFFFFFFF), as streamed WAVs do: players read until the stream ends. soundfile needs
-    a seekable file to write one, so it is packed here."""
+def wav_header(rate: int, data_bytes: int | None = None, channels: int = 1) -> bytes:
+    """The 44-byte header of a 16-bit WAV (mono unless CHANNELS). Without DATA_BYTES the
+    sizes say 'unknown' (0xFFFFFFFF), as streamed WAVs do: players read until the stream
+    ends. soundfile needs a seekable file to write one, so it is packed here."""
     data = UNKNOWN_SIZE if data_bytes is None else data_bytes
     riff = UNKNOWN_SIZE if data_bytes is None else 36 + data_bytes
-    return struct.pack("<4sI4s4sIHHIIHH4sI", b"RIFF", riff, b"WAVE", b"fmt ", 16, 1, 1, rate,
-                       rate * 2, 2, 16, b"data", data)  # fmt: skip
+    return struct.pack("<4sI4s4sIHHIIHH4sI", b"RIFF", riff, b"WAVE", b"fmt ", 16, 1, channels,
+                       rate, rate * 2 * channels, 2 * channels, 16, b"data", data)  # fmt: skip

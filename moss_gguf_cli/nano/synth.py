@@ -1,0 +1,123 @@
+"""`moss-gguf synth` on a Nano folder: load, speak once, write 48 kHz stereo (a WAV at the end,
+or 16-bit PCM as it is decoded with `--stream`). Everything goes to a temporary name renamed
+when complete; a model that stops before its first frame writes nothing and says so."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from ..errors import InputError, OutputError, UsageError
+from ..tts.streaming import pcm16, wav_header
+from .engine import NanoEngine, NanoFolderConfig, NanoProfile, NanoSettings, NanoSpeech
+
+
+class NoAudio(OutputError):
+    """The model ended the utterance before its first frame."""
+
+
+@dataclass
+class NanoSynthResult:
+    output: Path | None
+    sample_rate: int
+    channels: int
+    samples: int
+    speech: NanoSpeech
+
+    @property
+    def seconds(self) -> float:
+        return self.samples / self.sample_rate
+
+    @property
+    def profile(self) -> NanoProfile:
+        return self.speech.profile
+
+
+def _interleaved(piece: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(piece.T)  # (samples, channels): PCM frames, channel by channel
+
+
+def _no_audio(speech: NanoSpeech) -> NoAudio:
+    return NoAudio("the model stopped before its first frame: there is no audio to write",
+                   hint="try another --seed, or --min-new-tokens N to mask the stop")  # fmt: skip
+
+
+def nano_synth(
+    config: NanoFolderConfig,
+    output: Path | BinaryIO,
+    text: str,
+    reference: Path | None,
+    settings: NanoSettings,
+    stream: str | None = None,
+    n_threads: int | None = None,
+    n_ctx: int | None = None,
+) -> NanoSynthResult:
+    """Speak TEXT with the folder of CONFIG into OUTPUT: a WAV file, or (STREAM "pcm"/"wav")
+    the audio written as it is decoded, to a file or an open binary stream such as stdout."""
+    settings.check()
+    if not text or not text.strip():
+        raise InputError("the text to speak is empty", hint="pass --text or --text-file")
+    if reference is not None and not Path(reference).is_file():
+        raise InputError("reference audio not found", path=reference)
+    if stream not in (None, "pcm", "wav"):
+        raise UsageError(f"a stream is pcm or wav, not {stream!r}")
+    if isinstance(output, Path) and (output.is_dir() or not output.parent.is_dir()):
+        raise OutputError("not a file in an existing folder", path=output,
+                          hint="name a .wav file in a folder that exists")  # fmt: skip
+    engine = NanoEngine(config, n_threads=n_threads, n_ctx=n_ctx)
+    try:
+        codes = engine.reference_codes(Path(reference)) if reference is not None else None
+        speech = engine.speak(text, codes, settings)
+        if not isinstance(output, Path):
+            samples = _write_stream(speech, output, stream or "pcm", engine)
+            return NanoSynthResult(None, engine.sample_rate, engine.channels, samples, speech)
+        tmp = output.with_name(f".{output.name}.tmp")
+        try:
+            with open(tmp, "wb") as sink:
+                if stream is not None:
+                    samples = _write_stream(speech, sink, stream, engine)
+                    if stream == "wav":  # the length is known now: a plain header
+                        sink.seek(0)
+                        sink.write(wav_header(engine.sample_rate, 2 * samples * engine.channels,
+                                              engine.channels))  # fmt: skip
+                else:
+                    samples = _write_whole(speech, sink, engine)
+            tmp.replace(output)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return NanoSynthResult(output, engine.sample_rate, engine.channels, samples, speech)
+    finally:
+        engine.close()
+
+
+def _write_whole(speech: NanoSpeech, sink: BinaryIO, engine: NanoEngine) -> int:
+    import soundfile as sf
+
+    pieces = list(speech)
+    if not speech.frames:
+        raise _no_audio(speech)
+    audio = np.concatenate(pieces, axis=1)
+    ints = np.round(np.clip(audio, -1.0, 1.0) * 32767.0).astype(np.int16)
+    sf.write(sink, _interleaved(ints), engine.sample_rate, subtype="PCM_16", format="WAV")
+    return audio.shape[1]
+
+
+def _write_stream(speech: NanoSpeech, sink: BinaryIO, fmt: str, engine: NanoEngine) -> int:
+    samples = 0
+    try:
+        if fmt == "wav":
+            sink.write(wav_header(engine.sample_rate, None, engine.channels))
+        for piece in speech:
+            sink.write(pcm16(_interleaved(piece)))
+            sink.flush()  # a player reading the stream hears it now
+            samples += piece.shape[1]
+    except BrokenPipeError as exc:
+        raise OutputError("the reader of the stream closed it",
+                          hint="keep the player open until the text is spoken") from exc
+    if not speech.frames:
+        raise _no_audio(speech)
+    return samples
