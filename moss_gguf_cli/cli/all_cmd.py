@@ -301,7 +301,7 @@ def _first_class_summary(folder: FirstClassFolder, mode: OutputMode, quiet: bool
 
 
 def _nano_summary(run: NanoRun, mode: OutputMode, quiet: bool) -> None:
-    """The Nano folder's parts and verify's verdict; speaking it is #52."""
+    """The Nano folder's parts, verify's verdict and how to speak it."""
     folder = run.folder
     if quiet:
         typer.echo(str(folder.output))
@@ -320,7 +320,8 @@ def _nano_summary(run: NanoRun, mode: OutputMode, quiet: bool) -> None:
                      f"{counts['fail']} failed")  # fmt: skip
     for row in run.report.failures():
         stdout.print(f"verify failed: {row.name}: {row.detail}", soft_wrap=True)
-    stdout.print("speaking MOSS-TTS-Nano is not built yet (issue #52); "
-                 f"moss-gguf verify {folder.output} checks the folder", soft_wrap=True)
+    config = folder.configs[0] if folder.configs else folder.output / "moss-tts-nano.yaml"
+    stdout.print(f"speak it: moss-gguf synth --config {config} --text 'Hello' -o hello.wav",
+                 soft_wrap=True)  # fmt: skip
     if not run.report.ok:
         raise typer.Exit(1)

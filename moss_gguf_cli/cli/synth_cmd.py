@@ -200,27 +200,19 @@ def synth_command(
     mode = OutputMode(quiet=quiet, verbose=verbose)
     setup_logging(mode)
     if is_nano_config(config):
-        delay_only = {"--reference-text": reference_text, "--instruction": instruction,
-                      "--language": language, "--tokens": tokens, "--quality": quality,
-                      "--sound-event": sound_event, "--ambient-sound": ambient_sound,
-                      "--heads-backend": heads_backend, "--n-gpu-layers": n_gpu_layers,
-                      "--flash-attn": flash_attn, "--dry-run": dry_run or None,
-                      "--json": as_json or None}  # fmt: skip
-        given = [name for name, value in delay_only.items() if value]
-        if given:
-            raise UsageError(f"{', '.join(given)} do(es) not apply to a MOSS-TTS-Nano folder",
-                             hint="Nano takes the text, one --reference clip, the sampling "
-                             "options, --seed and --min/--max-new-tokens")  # fmt: skip
-        if len(reference or []) > 1:
-            raise UsageError("MOSS-TTS-Nano clones one voice: give one --reference clip")
+        _refuse_delay_only({"--reference-text": reference_text, "--instruction": instruction,
+                            "--language": language, "--tokens": tokens, "--quality": quality,
+                            "--sound-event": sound_event, "--ambient-sound": ambient_sound,
+                            "--heads-backend": heads_backend, "--n-gpu-layers": n_gpu_layers,
+                            "--flash-attn": flash_attn, "--dry-run": dry_run,
+                            "--json": as_json}, reference)  # fmt: skip
         sampling = dict(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
                         text_temperature=text_temperature, text_top_p=text_top_p,
                         text_top_k=text_top_k, audio_temperature=audio_temperature,
                         audio_top_p=audio_top_p, audio_top_k=audio_top_k,
                         audio_repetition_penalty=audio_repetition_penalty, seed=seed)  # fmt: skip
-        _speak_nano(config, output, _read_text(text, text_file), (reference or [None])[0],
-                    sampling, stream, threads, n_ctx, profile, mode)  # fmt: skip
-        return
+        return _speak_nano(config, output, _read_text(text, text_file), (reference or [None])[0],
+                           sampling, stream, threads, n_ctx, profile, mode)  # fmt: skip
     if min_new_tokens is not None:
         raise UsageError("--min-new-tokens is MOSS-TTS-Nano's; the delay models stop on "
                          "their own <|im_end|>")  # fmt: skip
@@ -280,6 +272,16 @@ def synth_command(
         (stderr if result.output is None else stdout).print(_profile_table(p, floor, result))
     if result.output is not None:
         typer.echo(str(result.output))
+
+
+def _refuse_delay_only(given: dict, reference: list[Path] | None) -> None:
+    named = [name for name, value in given.items() if value]
+    if named:
+        raise UsageError(f"{', '.join(named)} do(es) not apply to a MOSS-TTS-Nano folder",
+                         hint="Nano takes the text, one --reference clip, the sampling options, "
+                         "--seed and --min/--max-new-tokens")  # fmt: skip
+    if len(reference or []) > 1:
+        raise UsageError("MOSS-TTS-Nano clones one voice: give one --reference clip")
 
 
 def _speak_nano(config: Path, output: Path, words: str | None, reference: Path | None,

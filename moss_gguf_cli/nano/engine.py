@@ -10,11 +10,10 @@ yields the audio as it is decoded; collecting it gives the whole answer, the sam
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ import numpy as np
 import yaml
 
 from ..disk.confine import boundary, child, confined
-from ..errors import InputError, UsageError
+from ..errors import InputError
 from ..source.nano_codec import open_nano_codec
 from ..tts.backbone import Backbone, BackboneSettings
 from ..tts.config import FAMILY_KEY, NANO_FAMILY
@@ -33,37 +32,9 @@ from .config import NanoConfig
 from .layout import local_files, table_files
 from .local import LocalTransformer, load_arrays
 from .prompt import NanoTokenizer, pause_after, prompt_ids, prompt_rows, split_text
+from .settings import SETTING_KEYS, NanoSettings
 
 _HINT = "rerun `moss-gguf all` on the model"
-
-
-@dataclass(frozen=True)
-class NanoSettings:
-    """How one request is spoken; upstream's running defaults (its runtime's `synthesize`)."""
-
-    max_new_tokens: int = 375  # frames per chunk: 30 s at 12.5 frames a second
-    min_new_tokens: int = 0  # the stop is masked before this many frames
-    text_temperature: float = 1.0
-    text_top_p: float = 1.0
-    text_top_k: int = 50
-    audio_temperature: float = 0.8
-    audio_top_p: float = 0.95
-    audio_top_k: int = 25
-    audio_repetition_penalty: float = 1.2
-    seed: int | None = None
-
-    def override(self, **values: Any) -> NanoSettings:
-        return dataclasses.replace(self, **{k: v for k, v in values.items() if v is not None})
-
-    def check(self) -> None:
-        if self.max_new_tokens < 1 or self.min_new_tokens < 0:
-            raise UsageError("max_new_tokens must be 1 or more and min_new_tokens 0 or more")
-        if self.min_new_tokens > self.max_new_tokens:
-            raise UsageError(f"min_new_tokens {self.min_new_tokens} is above max_new_tokens "
-                             f"{self.max_new_tokens}")  # fmt: skip
-
-
-SETTING_KEYS = tuple(f.name for f in dataclasses.fields(NanoSettings) if f.name != "seed")
 
 
 def is_nano_config(path: Path) -> bool:
@@ -138,6 +109,7 @@ class ChunkResult:
     text: str
     frames: int = 0
     ended: str = ""  # "stop": the model ended it; "max": max_new_tokens reached
+    codes: list[np.ndarray] = field(default_factory=list)  # its frames, (n_vq,) each
 
 
 @dataclass
@@ -250,6 +222,7 @@ class NanoEngine:
                 x = self.audio[k][code]
             profile.local_s += time.perf_counter() - t
             chunk.frames += 1
+            chunk.codes.append(codes)
             profile.frames += 1
             yield codes
             if f + 1 == settings.max_new_tokens:
@@ -289,6 +262,9 @@ class NanoSpeech:
         audio_params = SamplingParams(settings.audio_temperature, settings.audio_top_p,
                                       settings.audio_top_k, settings.audio_repetition_penalty)
         self.sampler = Sampler(text_params, audio_params, settings.seed)
+        self.current = 0  # the chunk being spoken
+        # called once a frame (a server's check that the request is still wanted: it raises)
+        self.on_frame: Callable[[], None] | None = None
 
     @property
     def frames(self) -> int:
@@ -298,9 +274,12 @@ class NanoSpeech:
         engine, plan, profile = self.engine, self.engine.plan, self.profile
         last = len(self.texts) - 1
         for chunk in self.chunks:
+            self.current = chunk.index
             rows = engine.prompt(chunk.text, self.reference)
             decoder, pending, calls = engine.codec.stream(), [], 0
             for codes in engine.frames(rows, self.settings, self.sampler, chunk, profile):
+                if self.on_frame is not None:
+                    self.on_frame()
                 pending.append(codes)
                 take = plan.ready(calls, len(pending))
                 if take:

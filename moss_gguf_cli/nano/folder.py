@@ -151,8 +151,9 @@ def _write_yaml(path: Path, config: dict[str, Any]) -> None:
     import yaml
 
     header = (f"# MOSS-TTS-Nano folder config written by moss-gguf {__version__}; paths are "
-              "relative to this file.\n# Speaking it is issue #52; moss-gguf verify checks "
-              "the folder.\n")  # fmt: skip
+              f"relative to this file.\n# Speak: moss-gguf synth --config {path.name} --text "
+              "'Hello' -o hello.wav (48 kHz stereo); moss-gguf serve --config " + path.name
+              + "\n")  # fmt: skip
     path.write_text(header + yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
 
 

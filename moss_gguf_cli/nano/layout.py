@@ -11,7 +11,8 @@ and the arrays it holds.
       tokenizer.model           the release's, copied
       config.json               the release's, copied (verify reads the model's facts there)
       audio_tokenizer/          the codec's ONNX release (source/nano_codec.py), copied
-      moss-tts-nano.yaml        what the folder is, for the Nano engine (#52); one per GGUF
+      moss-tts-nano.yaml        what the folder is and how it speaks (`synth --config`); one
+                                per GGUF
       manifest.json             size and sha256 of every file, made_from, the model's facts
 
 Why float32 arrays and not a second GGUF: the local transformer is one block, run 17 times a
@@ -25,11 +26,14 @@ verify compares them bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ..tts.config import FAMILY_KEY, NANO_FAMILY
 from .checkpoint import NanoCheckpoint, block_shapes
 from .config import NanoConfig
+from .settings import DEFAULT_N_CTX, NanoSettings
 
 FORMAT = NANO_FAMILY
 GLOBAL_STEM = "nano_global"
@@ -99,4 +103,8 @@ def synth_config(checkpoint: NanoCheckpoint, gguf: str, codec: str | None) -> di
         "local_layers": nano.local_layers,
         "layer_norm_epsilon": dims.eps,
         "rope_base": dims.rope_base,
+        # how it speaks (nano/settings.py): upstream's running defaults, editable here
+        "n_ctx": DEFAULT_N_CTX,
+        "n_threads": 0,
+        **dataclasses.asdict(NanoSettings()),
     }

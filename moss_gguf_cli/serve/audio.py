@@ -35,8 +35,12 @@ SPEED_RANGE = (0.25, 4.0)  # OpenAI's
 
 
 def encode(waveform: np.ndarray, rate: int, fmt: str) -> bytes:
-    """WAVEFORM (float32 mono, −1..1) as the bytes of FMT (one of FORMATS)."""
-    samples = np.clip(np.asarray(waveform, dtype=np.float32).reshape(-1), -1.0, 1.0)
+    """WAVEFORM (float32 mono, −1..1; or (channels, samples)) as the bytes of FMT (one of
+    FORMATS)."""
+    waveform = np.asarray(waveform, dtype=np.float32)
+    if waveform.ndim == 2 and waveform.shape[0] > 1:
+        return _encode_channels(np.clip(waveform, -1.0, 1.0), rate, fmt)
+    samples = np.clip(waveform.reshape(-1), -1.0, 1.0)
     if fmt in ("wav", "flac", "pcm"):
         import soundfile as sf
 
@@ -54,17 +58,48 @@ def encode(waveform: np.ndarray, rate: int, fmt: str) -> bytes:
     raise ValueError(f"unknown response format {fmt!r}")
 
 
+def _encode_channels(audio: np.ndarray, rate: int, fmt: str) -> bytes:
+    """(channels, samples) audio as wav / flac (16-bit, interleaved) or mp3 / opus / aac."""
+    if fmt in ("wav", "flac"):
+        import soundfile as sf
+
+        ints = np.round(audio * 32767.0).astype(np.int16)
+        buffer = io.BytesIO()
+        sf.write(buffer, np.ascontiguousarray(ints.T), rate, subtype="PCM_16", format=fmt.upper())
+        return buffer.getvalue()
+    if fmt in _AV:
+        return _encode_av(audio, rate, *_AV[fmt])
+    raise ValueError(f"{fmt!r} is not a format for {audio.shape[0]} channels")
+
+
+def _layout(channels: int) -> str:
+    return {1: "mono", 2: "stereo"}[channels]
+
+
+def _frame(samples: np.ndarray, rate: int):
+    """A PyAV frame of (samples,) mono or (channels, samples) planar float audio."""
+    import av
+
+    planar = samples.ndim == 2
+    data = samples if planar else samples.reshape(1, -1)
+    frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(data, dtype=np.float32),
+                                       format="fltp" if planar else "flt",
+                                       layout=_layout(data.shape[0]))  # fmt: skip
+    frame.sample_rate = rate
+    frame.pts = 0
+    frame.time_base = Fraction(1, rate)
+    return frame
+
+
 def _encode_av(samples: np.ndarray, rate: int, container: str, codec: str, bit_rate: int) -> bytes:
     import av
 
     buffer = io.BytesIO()
+    channels = samples.shape[0] if samples.ndim == 2 else 1
     with av.open(buffer, mode="w", format=container) as out:
-        stream = out.add_stream(codec, rate=rate, layout="mono")
-        stream.bit_rate = bit_rate
-        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="flt", layout="mono")
-        frame.sample_rate = rate
-        frame.pts = 0
-        frame.time_base = Fraction(1, rate)
+        stream = out.add_stream(codec, rate=rate, layout=_layout(channels))
+        stream.bit_rate = bit_rate * channels
+        frame = _frame(samples, rate)
         for packet in stream.encode(frame):  # PyAV re-frames to the codec's frame size
             out.mux(packet)
         for packet in stream.encode(None):
@@ -73,15 +108,18 @@ def _encode_av(samples: np.ndarray, rate: int, container: str, codec: str, bit_r
 
 
 def change_speed(waveform: np.ndarray, rate: int, speed: float) -> np.ndarray:
-    """WAVEFORM played SPEED times as fast at the same pitch (ffmpeg's atempo)."""
+    """WAVEFORM (mono, or (channels, samples)) played SPEED times as fast at the same pitch
+    (ffmpeg's atempo)."""
     if speed == 1.0:
         return waveform
     import av
     from av.filter import Graph
 
+    planar = np.ndim(waveform) == 2
+    channels = np.shape(waveform)[0] if planar else 1
     graph = Graph()
-    source = graph.add_abuffer(format="flt", sample_rate=rate, layout="mono",
-                               time_base=Fraction(1, rate))  # fmt: skip
+    source = graph.add_abuffer(format="fltp" if planar else "flt", sample_rate=rate,
+                               layout=_layout(channels), time_base=Fraction(1, rate))  # fmt: skip
     chain = [source]
     for factor in _atempo_factors(speed):
         chain.append(graph.add("atempo", f"{factor:.6f}"))
@@ -90,12 +128,7 @@ def change_speed(waveform: np.ndarray, rate: int, speed: float) -> np.ndarray:
         a.link_to(b)
     graph.configure()
 
-    frame = av.AudioFrame.from_ndarray(
-        np.asarray(waveform, dtype=np.float32).reshape(1, -1), format="flt", layout="mono"
-    )
-    frame.sample_rate = rate
-    frame.pts = 0
-    frame.time_base = Fraction(1, rate)
+    frame = _frame(np.asarray(waveform, dtype=np.float32), rate)
     graph.push(frame)
     graph.push(None)
     pieces = []
@@ -104,8 +137,16 @@ def change_speed(waveform: np.ndarray, rate: int, speed: float) -> np.ndarray:
             out = graph.pull()
         except (av.error.EOFError, av.error.BlockingIOError):
             break
-        pieces.append(out.to_ndarray().reshape(-1))
-    return np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, np.float32)
+        pieces.append(_planar(out.to_ndarray(), out.format.is_planar, channels))
+    if not pieces:
+        return np.zeros((channels, 0) if planar else 0, np.float32)
+    joined = np.concatenate(pieces, axis=1).astype(np.float32)
+    return joined if planar else joined.reshape(-1)
+
+
+def _planar(data: np.ndarray, is_planar: bool, channels: int) -> np.ndarray:
+    """A pulled frame's samples as (channels, samples)."""
+    return data if is_planar else data.reshape(-1, channels).T
 
 
 def _atempo_factors(speed: float) -> list[float]:

@@ -40,6 +40,7 @@ from . import audio
 from .api_errors import ApiError, error_response
 from .metrics import CONTENT_TYPE, Metrics
 from .origins import Gate, HostPolicy
+from .output import MonoOut
 from .scheduler import Scheduler, SpeechJob
 from .schemas import SpeechRequest, parse_speech, validation_error
 from .settings import (
@@ -73,6 +74,13 @@ class Service:
     rate: int  # the model's sample rate
     created: int  # when the weights were made (for /v1/models)
     on_ready: Any = None  # called once the server accepts requests
+    out: Any = None  # output.MonoOut / StereoOut: the audio as each format's bytes
+    frame_s: float = FRAME_SAMPLES / 24_000  # seconds an audio frame holds
+    nano: bool = False  # MOSS-TTS-Nano: no language, instructions or dialogue fields
+
+    def __post_init__(self) -> None:
+        if self.out is None:
+            self.out = MonoOut(self.rate)
 
     def speech_job(self, body: SpeechRequest) -> SpeechJob:
         """The job BODY asks for, or the ApiError of the first thing wrong with it."""
@@ -90,6 +98,12 @@ class Service:
             raise ApiError(413, f"instructions is {len(body.instructions)} characters, the "
                            f"limit is {MAX_INSTRUCTIONS_CHARS}; shorten it",
                            param="instructions", code="instructions_too_long")  # fmt: skip
+        if self.nano:
+            return self.nano_job(body)
+        if body.min_new_tokens is not None:
+            raise ApiError(400, "min_new_tokens is MOSS-TTS-Nano's; this model ends its "
+                           "speech on its own", param="min_new_tokens",
+                           code="unsupported_value")  # fmt: skip
         try:
             language = language_name(body.language)
         except InputError as exc:
@@ -110,6 +124,23 @@ class Service:
             language=language,
             speakers=speakers,
         )
+
+    def nano_job(self, body: SpeechRequest) -> SpeechJob:
+        """A MOSS-TTS-Nano request: the text, a stored voice or the model's own, sampling."""
+        for name in ("instructions", "language", "voices"):
+            if getattr(body, name) is not None:
+                raise ApiError(400, f"{name} is not taken by MOSS-TTS-Nano; leave it out",
+                               param=name, code="unsupported_value")  # fmt: skip
+        custom = body.voice_name != DEFAULT_VOICE and body.voice_name not in OPENAI_VOICES
+        codes = self.voices.load(body.voice_name).codes if custom else None
+        if body.min_new_tokens is not None and body.max_new_tokens is not None and \
+                body.min_new_tokens > body.max_new_tokens:  # fmt: skip
+            raise ApiError(400, f"min_new_tokens {body.min_new_tokens} is above max_new_tokens "
+                           f"{body.max_new_tokens}", param="min_new_tokens",
+                           code="invalid_value")  # fmt: skip
+        return SpeechJob(text=body.input, reference_codes=codes, seed=body.seed,
+                         max_new_tokens=body.max_new_tokens, sampling=body.sampling(),
+                         min_new_tokens=body.min_new_tokens)  # fmt: skip
 
     def dialogue_voices(self, body: SpeechRequest) -> list[Speaker] | None:
         """MOSS-TTSD: the stored voices, one per speaker in order, each with what its clip
@@ -139,8 +170,8 @@ class Service:
             speakers.append(Speaker(text=voice.text, codes=voice.codes))
         return speakers
 
-    def render(self, waveform, fmt: str, speed: float) -> bytes:
-        return audio.encode(audio.change_speed(waveform, self.rate, speed), self.rate, fmt)
+    def render(self, result, fmt: str, speed: float) -> bytes:
+        return self.out.whole(result, fmt, speed)
 
 
 def create_app(service: Service) -> _Guard:
@@ -233,11 +264,11 @@ def _speech_routes(app: FastAPI, service: Service) -> None:
         body = parse_speech(raw)
         job = service.speech_job(body)
         if wants_stream(body):
-            return await stream_speech(request, body, job, service.scheduler, service.rate,
+            return await stream_speech(request, body, job, service.scheduler, service.out,
                                        service.metrics.streams_abandoned)  # fmt: skip
         result = await unless_gone(request, service.scheduler.speak(job))
         data = await run_in_threadpool(
-            service.render, result.waveform, body.response_format, body.speed
+            service.render, result, body.response_format, body.speed
         )
         return Response(data, media_type=audio.MEDIA_TYPES[body.response_format])
 
@@ -272,7 +303,7 @@ def _json_only(content_type: str | None) -> None:
 
 
 def _voice_routes(app: FastAPI, service: Service) -> None:
-    frame_s = FRAME_SAMPLES / service.rate
+    frame_s = service.frame_s
 
     @app.post("/v1/audio/voices")
     async def add_voice(request: Request) -> dict[str, Any]:
@@ -289,10 +320,12 @@ def _voice_routes(app: FastAPI, service: Service) -> None:
         voice = await run_in_threadpool(service.voices.save, name, codes, text, replace)
         return voice.to_dict(frame_s)
 
-    @app.get("/v1/audio/languages")
-    async def list_languages() -> dict[str, Any]:
-        # what `language` takes; a client fills its selector from it (auto: no tag)
-        return {"object": "list", "auto": "auto", "data": [x.to_dict() for x in languages()]}
+    if not service.nano:  # Nano takes no language: a 404 here tells the page to hide it
+        @app.get("/v1/audio/languages")
+        async def list_languages() -> dict[str, Any]:
+            # what `language` takes; a client fills its selector from it (auto: no tag)
+            return {"object": "list", "auto": "auto",
+                    "data": [x.to_dict() for x in languages()]}  # fmt: skip
 
     @app.get("/v1/audio/voices")
     async def list_voices() -> dict[str, Any]:

@@ -60,6 +60,7 @@ class SpeechJob:
     sampling: dict[str, float] = field(default_factory=dict)
     language: str | None = None  # a name of tts/language.py, checked by the route
     speakers: list[Speaker] | None = None  # MOSS-TTSD: a stored voice per speaker
+    min_new_tokens: int | None = None  # MOSS-TTS-Nano: frames before its stop is allowed
 
     def options(self) -> dict[str, Any]:
         """Synthesizer.prepare's keyword options."""
@@ -212,7 +213,7 @@ class Scheduler:
             self._cond.notify_all()
         for task in [*dropped, *running]:
             task.cancel.set()
-            _settle(task.future, error=ShuttingDown())
+            settle(task.future, error=ShuttingDown())
         if dropped or running:
             log.info("stopping: %d request(s) answered 503", len(dropped) + len(running))
 
@@ -306,10 +307,10 @@ class Scheduler:
                 reported = True
             for task in running:
                 task.cancel.set()
-                _settle(task.future, error=Stalled(self.stall_s, running=True))
+                settle(task.future, error=Stalled(self.stall_s, running=True))
             for task in waiting:
                 task.cancel.set()
-                _settle(task.future, error=Stalled(self.stall_s, running=False))
+                settle(task.future, error=Stalled(self.stall_s, running=False))
 
     def _join(self, engine: Engine, new: list[Speech], jobs: dict) -> None:
         """Utterances into free sequences: each new job's first chunk, then the chunks that
@@ -334,7 +335,7 @@ class Scheduler:
         try:
             if task.begin is None:
                 assert task.run is not None
-                _settle(task.future, value=task.run(self.tts, _Watch(task.cancel)))
+                settle(task.future, value=task.run(self.tts, _Watch(task.cancel)))
                 self._done(task)
                 return None
             speech = task.begin(self.tts, _Watch(task.cancel))
@@ -353,13 +354,13 @@ class Scheduler:
                 speech.abort(engine, speech.error)
                 raise speech.error
             assert task.end is not None
-            _settle(task.future, value=task.end(self.tts, speech))
+            settle(task.future, value=task.end(self.tts, speech))
             self._done(task)
         except Exception as exc:  # noqa: BLE001 - answered; the worker goes on
             self._fail(task, exc)
 
     def _fail(self, task: _Task, exc: BaseException) -> None:
-        _settle(task.future, error=api_error(exc, task.kind, task.job))
+        settle(task.future, error=api_error(exc, task.kind, task.job))
         self._done(task)
 
     def _done(self, task: _Task) -> None:
@@ -433,7 +434,7 @@ class SpeechStream:
             self.task.cancel.set()
 
 
-def _settle(future: concurrent.futures.Future, value: Any = None, error: Exception | None = None):
+def settle(future: concurrent.futures.Future, value: Any = None, error: Exception | None = None):
     """Resolve FUTURE unless it already is (shutdown may have answered it first)."""
     try:
         if error is not None:

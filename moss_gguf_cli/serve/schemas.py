@@ -48,6 +48,8 @@ class SpeechRequest(BaseModel):
     # MOSS: the synth YAML's keys
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     max_new_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
+    # MOSS-TTS-Nano: frames before the model may stop (random weights stop at once)
+    min_new_tokens: int | None = Field(None, ge=0, le=MAX_NEW_TOKENS)
     text_temperature: float | None = Field(None, **TEMPERATURE)
     text_top_p: float | None = Field(None, gt=0, le=1)
     text_top_k: int | None = Field(None, ge=0, le=TOP_K_MAX)

@@ -20,10 +20,13 @@ from pathlib import Path
 import uvicorn
 
 from ..errors import UsageError
+from ..nano.engine import NanoEngine, NanoFolderConfig, is_nano_config
 from ..tts import SynthConfig, Synthesizer
 from ..tts.engine import EngineSettings
 from .metrics import Metrics
+from .nano_worker import VARIANT, NanoScheduler
 from .origins import HostPolicy
+from .output import StereoOut
 from .routes import Service, create_app
 from .scheduler import Scheduler
 from .settings import ServeSettings
@@ -36,10 +39,12 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 def run_server(settings: ServeSettings, announce: Callable[[str], None], quiet: bool = False):
     """Serve until stopped. ANNOUNCE gets the line saying where and what (once ready)."""
     settings.check()
-    config = SynthConfig.from_yaml(settings.config)
+    nano = is_nano_config(settings.config)
+    config = (NanoFolderConfig.from_yaml(settings.config) if nano else
+              SynthConfig.from_yaml(settings.config))  # fmt: skip
     sock = bind(settings.host, settings.port)
     try:
-        service = _load(settings, config)
+        service = _load_nano(settings, config) if nano else _load(settings, config)
     except BaseException:
         sock.close()
         raise
@@ -47,8 +52,9 @@ def run_server(settings: ServeSettings, announce: Callable[[str], None], quiet: 
     where = f"[{host}]" if ":" in host else host
     n_voices = len(service.voices.list())
     info = service.scheduler.tts.info
+    weights = Path(config.global_gguf if nano else config.backbone_gguf).name
     service.on_ready = lambda: announce(
-        f"serving {info.variant} ({Path(config.backbone_gguf).name}, n_vq {info.n_vq}) as "
+        f"serving {info.variant} ({weights}, n_vq {info.n_vq}) as "
         f"model {service.model_id!r} at http://{where}:{port}/v1; voices in "
         f"{service.voices.folder} ({n_voices} stored); "
         f"{'API key required' if settings.api_key else 'no API key'}; "
@@ -111,6 +117,24 @@ def _load(settings: ServeSettings, config: SynthConfig) -> Service:
         raise
     return Service(settings, scheduler, voices, metrics, tts.info.variant.lower(),
                    tts.info.sampling_rate, created)  # fmt: skip
+
+
+def _load_nano(settings: ServeSettings, config: NanoFolderConfig) -> Service:
+    """A MOSS-TTS-Nano folder: one request at a time (serve/nano_worker.py); 48 kHz stereo."""
+    engine = NanoEngine(config)
+    try:
+        metrics = Metrics(lambda: scheduler.waiting, lambda: float(scheduler.busy),
+                          lambda: int(scheduler.busy), lambda: 1)  # fmt: skip
+        scheduler = NanoScheduler(engine, settings.max_queue, on_speech=metrics.observe_speech,
+                                  stall_s=settings.stall_timeout)  # fmt: skip
+        voices = VoiceStore(settings.voices_dir, engine.nano.n_vq, settings.max_voices)
+        created = int(config.global_gguf.stat().st_mtime)
+    except BaseException:
+        engine.close()
+        raise
+    return Service(settings, scheduler, voices, metrics, VARIANT.lower(), engine.sample_rate,
+                   created, out=StereoOut(engine.sample_rate, engine.channels),
+                   frame_s=engine.frame_samples / engine.sample_rate, nano=True)  # fmt: skip
 
 
 class _Server(uvicorn.Server):

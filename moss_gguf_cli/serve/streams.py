@@ -24,7 +24,6 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from ..tts.streaming import pcm16, wav_header
 from . import audio
 from .api_errors import ApiError
 from .scheduler import Delta, SpeechJob, SpeechStream
@@ -66,21 +65,23 @@ def wants_stream(body: SpeechRequest) -> bool:
 
 
 async def stream_speech(
-    request: Request, body: SpeechRequest, job: SpeechJob, scheduler, rate: int, abandoned
+    request: Request, body: SpeechRequest, job: SpeechJob, scheduler, out, abandoned
 ) -> StreamingResponse:
-    """The streamed response for JOB (after its first chunk is made)."""
+    """The streamed response for JOB (after its first chunk is made); OUT: the family's
+    output (serve/output.py), which turns each piece into the format's bytes."""
     stream = scheduler.stream(job, asyncio.get_running_loop())
     try:
         first = await _first(request, stream)
     except BaseException:
         stream.close()
         raise
-    chunks = _chunks(first, stream, abandoned, request.scope)
+    streamer = out.streamer(body.response_format)
+    chunks = _chunks(first, stream, abandoned, request.scope, streamer)
     if body.stream_format == "sse":
-        return StreamingResponse(_sse(chunks, body.response_format, rate, stream, request.scope),
+        return StreamingResponse(_sse(chunks, streamer.header, stream, request.scope),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})  # fmt: skip
-    return StreamingResponse(_audio(chunks, body.response_format, rate),
+    return StreamingResponse(_audio(chunks, streamer.header),
                              media_type=audio.MEDIA_TYPES[body.response_format])  # fmt: skip
 
 
@@ -113,14 +114,18 @@ async def _disconnected(request: Request) -> None:
 
 
 async def _chunks(
-    first: Delta, stream: SpeechStream, abandoned, scope: dict
+    first: Delta, stream: SpeechStream, abandoned, scope: dict, streamer
 ) -> AsyncIterator[tuple[bytes, Delta]]:
-    """16-bit PCM bytes of each piece (with the piece); stops the job if the response is
-    dropped midway."""
+    """16-bit PCM bytes of each piece (with the piece), and what the streamer holds back
+    until the end; stops the job if the response is dropped midway."""
     try:
-        yield pcm16(first.audio), first
+        last = first
+        yield streamer.piece(first.audio), first
         async for delta in stream:
-            yield pcm16(delta.audio), delta
+            last = delta
+            yield streamer.piece(delta.audio), delta
+        if tail := streamer.end():
+            yield tail, last
     except ApiError as exc:  # the headers are out: the stream can only end early
         log.warning("a streamed request failed after its first chunk: %s", exc.message)
         scope[CUT] = cut = StreamCut(exc)
@@ -132,22 +137,20 @@ async def _chunks(
             log.info("a streaming client went away; its request was stopped")
 
 
-async def _audio(chunks: AsyncIterator[tuple[bytes, Delta]], fmt: str, rate: int
+async def _audio(chunks: AsyncIterator[tuple[bytes, Delta]], header: bytes
                  ) -> AsyncIterator[bytes]:  # fmt: skip
-    if fmt == "wav":
-        yield wav_header(rate)
+    if header:
+        yield header
     async for data, _delta in chunks:
         yield data
 
 
 async def _sse(
-    chunks: AsyncIterator[tuple[bytes, Delta]], fmt: str, rate: int, stream: SpeechStream,
-    scope: dict,
+    chunks: AsyncIterator[tuple[bytes, Delta]], header: bytes, stream: SpeechStream, scope: dict
 ) -> AsyncIterator[bytes]:
     """OpenAI's events, each also saying which chunk of the text it carries (`chunk` of
     `chunks`, 1-based) and the chunks that ran away so far (`runaways`: their audio may
     be cut; the headers are out, so this is where a client learns it)."""
-    header = wav_header(rate) if fmt == "wav" else b""
     try:
         async for data, delta in chunks:
             yield _event({"type": "speech.audio.delta",

@@ -100,6 +100,52 @@ def resample(wav: np.ndarray, rate_in: int, rate_out: int = SAMPLE_RATE) -> np.n
     return out
 
 
+class StreamResampler:
+    """`resample` fed piece by piece: each output sample is computed as `resample` computes
+    it, from the same input samples, once the input it needs has arrived; `end` pads the
+    input's end with zeros as `resample` does. However the input is cut, the output is the
+    same samples."""
+
+    def __init__(self, rate_in: int, rate_out: int):
+        g = math.gcd(int(rate_in), int(rate_out))
+        self.up, self.down = rate_out // g, rate_in // g
+        self._table, self._half = _kernel_table(self.up, self.down)
+        self._buf = np.zeros(self._half, np.float32)  # the padded input not yet consumed
+        self._start = 0  # padded index of _buf[0]
+        self._seen = 0  # input samples received
+        self._made = 0  # output samples made
+
+    def _emit(self, last: int) -> np.ndarray:
+        """Outputs _made..LAST-1, from _buf."""
+        half, up, down = self._half, self.up, self.down
+        n = np.arange(self._made, last, dtype=np.int64)
+        if n.size == 0:
+            return np.zeros(0, np.float32)
+        base, phase = (n * down) // up, n % up
+        offsets = np.arange(-half + 1, half + 1)
+        gathered = self._buf[base[:, None] + half + offsets[None, :] - self._start]
+        out = np.einsum("ij,ij->i", gathered, self._table[phase]).astype(np.float32)
+        self._made = last
+        keep = (last * down) // up + 1 - self._start  # the next output's window starts here
+        self._buf, self._start = self._buf[keep:], self._start + keep
+        return out
+
+    def feed(self, piece: np.ndarray) -> np.ndarray:
+        """The output samples PIECE (1-D) completes."""
+        piece = np.asarray(piece, dtype=np.float32).reshape(-1)
+        self._buf = np.concatenate([self._buf, piece])
+        self._seen += piece.size
+        # output n needs the input up to index n·down//up + half
+        ready = ((self._seen - self._half) * self.up + self.up - 1) // self.down
+        total = -(-self._seen * self.up // self.down)
+        return self._emit(max(self._made, min(ready, total)))
+
+    def end(self) -> np.ndarray:
+        """The rest of the output, the input's end padded with zeros."""
+        self._buf = np.concatenate([self._buf, np.zeros(self._half + 1, np.float32)])
+        return self._emit(-(-self._seen * self.up // self.down))
+
+
 def read_reference(path: Path, loudness: bool = True) -> np.ndarray:
     """A reference recording as 24 kHz mono float32, loudness-normalised unless LOUDNESS is
     False (clips joined before encoding are normalised once, joined, as upstream does)."""

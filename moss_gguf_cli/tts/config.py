@@ -140,10 +140,10 @@ class SynthConfig:
     ) -> SynthConfig:
         if data.get(FAMILY_KEY) == NANO_FAMILY:
             raise UnsupportedModelError(
-                "this is a MOSS-TTS-Nano folder's config; speaking Nano is not built yet "
-                "(issue #52)",
+                "this is a MOSS-TTS-Nano folder's config, which this delay-model code does "
+                "not read",
                 path=source,
-                hint="moss-gguf verify checks the folder; synth speaks MOSS delay models",
+                hint="moss-gguf synth and moss-gguf serve speak it (--config)",
             )
         base = base or Path.cwd()
         names = {f.name for f in dataclasses.fields(cls)} - {"source"}
