@@ -220,3 +220,50 @@ def assert_speak_alike(folders, text: str) -> None:
     for other in results[1:]:
         np.testing.assert_array_equal(first.rows, other.rows)
         np.testing.assert_array_equal(first.waveform, other.waveform)
+
+
+def _nano_all(model: str, out: Path, *args: str) -> Path:
+    """`moss-gguf all` on a Nano input, as a user runs it."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "moss_gguf_cli", "all", "--model", model, "--output", str(out),
+           "-q", *args]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_nano_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """builtin:tiny-nano's folder (Q8_0, the tiny codec)."""
+    return _nano_all("builtin:tiny-nano", tmp_path_factory.mktemp("nano") / "w")
+
+
+@pytest.fixture(scope="session")
+def release_nano_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second tiny Nano, written as the release writes it (torch.save's pytorch_model.bin,
+    each head one storage with its table, bf16; builtin:tiny-nano's dims and tokenizer), made
+    into a folder with the tiny codec."""
+    import shutil
+
+    import torch
+    from tiny_nano import release_state, write_release
+
+    from moss_gguf_cli.nano.tiny import CONFIG, ensure_tiny_nano, ensure_tiny_nano_codec_folder
+
+    source = tmp_path_factory.mktemp("nano-release") / "release"
+    write_release(source, CONFIG, release_state(CONFIG, torch.bfloat16, seed=5))
+    shutil.copyfile(ensure_tiny_nano() / "tokenizer.model", source / "tokenizer.model")
+    return _nano_all(str(source), source.parent / "w", "--audio-tokenizer",
+                     str(ensure_tiny_nano_codec_folder()))  # fmt: skip
+
+
+def nano_yaml(folder: Path, name: str, **values) -> Path:
+    """A copy of FOLDER's moss-tts-nano.yaml (beside it) with VALUES changed."""
+    import yaml
+
+    data = yaml.safe_load((folder / "moss-tts-nano.yaml").read_text())
+    path = folder / name
+    path.write_text(yaml.safe_dump({**data, **values}, sort_keys=False))
+    return path

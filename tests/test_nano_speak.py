@@ -1,0 +1,191 @@
+"""MOSS-TTS-Nano speaking through `moss-gguf synth` (the real command) and the engine under it,
+on builtin:tiny-nano's folder and on a second tiny checkpoint written as the release writes it
+(torch.save's pytorch_model.bin, tied storage, bf16): 48 kHz stereo of the length asked for,
+runs that repeat, a stream that is the whole answer, the codec's state carried, a reference
+voice through the codec's encoder, a long text in upstream's chunks with its pauses, and a
+model that stops at once refused in one line with no file left."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import soundfile as sf
+
+from moss_gguf_cli.nano.codec import DecodePlan
+from moss_gguf_cli.nano.engine import NanoEngine, NanoFolderConfig
+from moss_gguf_cli.nano.prompt import pause_after, prompt_ids, split_text
+from moss_gguf_cli.nano.settings import NanoSettings
+from moss_gguf_cli.source.nano_codec import initial_state, next_state, open_nano_codec
+
+FIXED = ("--min-new-tokens", "25", "--max-new-tokens", "25")
+TEXT = "Hello there, this is Nano."
+LONG = ("The first sentence is here. The second one follows it closely! Then a third, "
+        "with a clause; and a fourth. A fifth sentence ends the text.")  # fmt: skip
+
+
+def synth(config: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "moss_gguf_cli", "synth", "--config", str(config), *args]
+    return subprocess.run(cmd, capture_output=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_nano_folder: Path):
+    eng = NanoEngine(NanoFolderConfig.from_yaml(tiny_nano_folder / "moss-tts-nano.yaml"))
+    yield eng
+    eng.close()
+
+
+def speak(engine: NanoEngine, text: str = TEXT, reference=None, **settings):
+    speech = engine.speak(text, reference, NanoSettings(**settings))
+    with engine.lock:
+        pieces = list(speech)
+    return speech, pieces
+
+
+@pytest.mark.parametrize("which", ["tiny_nano_folder", "release_nano_folder"])
+def test_synth_writes_exactly_two_seconds_of_48k_stereo(which, request, tmp_path):
+    folder = request.getfixturevalue(which)
+    out = tmp_path / "a.wav"
+    done = synth(folder / "moss-tts-nano.yaml", "--text", TEXT, *FIXED, "--seed", "3",
+                 "-o", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()
+    info = sf.info(str(out))
+    assert (info.samplerate, info.channels, info.frames, info.subtype) == \
+        (48_000, 2, 96_000, "PCM_16")  # fmt: skip
+    assert "25 frames, 2.00 s of 48 kHz stereo audio" in done.stderr.decode()
+    data, _ = sf.read(str(out))
+    assert np.abs(data).max() > 0.01  # sound, not silence
+    assert done.stdout.decode().strip() == str(out)
+
+
+def test_greedy_runs_repeat_exactly_and_seeds_decide_sampling(tiny_nano_folder, engine, tmp_path):
+    config = tiny_nano_folder / "moss-tts-nano.yaml"
+    greedy = ("--text-temperature", "0", "--audio-temperature", "0", *FIXED)
+    outs = [tmp_path / "g1.wav", tmp_path / "g2.wav"]
+    for out in outs:
+        done = synth(config, "--text", TEXT, *greedy, "-o", str(out))
+        assert done.returncode == 0, done.stderr.decode()
+    assert outs[0].read_bytes() == outs[1].read_bytes()
+    runs = [speak(engine, seed=s, min_new_tokens=10, max_new_tokens=10)[1] for s in (1, 1, 2)]
+    joined = [np.concatenate(r, axis=1) for r in runs]
+    assert np.array_equal(joined[0], joined[1]) and not np.array_equal(joined[0], joined[2])
+
+
+def test_a_streamed_file_and_stdout_are_the_whole_answer(tiny_nano_folder, tmp_path):
+    config = tiny_nano_folder / "moss-tts-nano.yaml"
+    args = ("--text", TEXT, *FIXED, "--seed", "4")
+    whole, streamed = tmp_path / "w.wav", tmp_path / "s.wav"
+    assert synth(config, *args, "-o", str(whole)).returncode == 0
+    assert synth(config, *args, "--stream", "-o", str(streamed)).returncode == 0
+    assert streamed.read_bytes() == whole.read_bytes()
+    piped = synth(config, *args, "--stream", "-o", "-", "-q")
+    assert piped.returncode == 0, piped.stderr.decode()
+    assert piped.stdout == whole.read_bytes()[44:]  # 16-bit stereo PCM, the WAV's data
+
+
+def test_the_stream_carries_the_codecs_state(engine, tiny_nano_folder):
+    speech, pieces = speak(engine, seed=6, min_new_tokens=20, max_new_tokens=20)
+    codes = np.stack(speech.chunks[0].codes)[None].astype(np.int32)
+    codec = open_nano_codec(tiny_nano_folder / "audio_tokenizer")
+    full = ort.InferenceSession(str(codec.graphs["decode_full"]))
+    audio = full.run(["audio"], {"audio_codes": codes,
+                                 "audio_code_lengths": np.array([20], np.int32)})[0][0]  # fmt: skip
+    assert np.array_equal(np.concatenate(pieces, axis=1), audio)
+    # the same groups decoded each from a fresh state sound otherwise: the state matters
+    step = ort.InferenceSession(str(codec.graphs["decode_step"]))
+    names = [o.name for o in step.get_outputs()]
+    fresh, at, plan = [], 0, DecodePlan()
+    for calls, piece in enumerate(pieces):
+        n = piece.shape[1] // engine.frame_samples
+        assert n == plan.ready(calls, 99) or calls == len(pieces) - 1
+        out = dict(zip(names, step.run(None, {"audio_codes": codes[:, at : at + n],
+                                              "audio_code_lengths": np.array([n], np.int32),
+                                              **initial_state(codec)}), strict=True))  # fmt: skip
+        assert next_state(codec, out)  # a real state comes back
+        fresh.append(out["audio"][0])
+        at += n
+    assert len(pieces) > 2 and not np.array_equal(np.concatenate(fresh, axis=1), audio)
+
+
+def test_a_reference_clip_becomes_codes_in_the_prompt(engine, tiny_nano_folder, reference_wav,
+                                                      tmp_path):  # fmt: skip
+    codes = engine.reference_codes(reference_wav)
+    frames = -(-round(0.9 * 48_000) // 3840)  # the clip at 48 kHz, in whole frames
+    assert codes.shape == (frames, 16) and codes.min() >= 0 and codes.max() < 1024
+    rows = engine.prompt(TEXT, codes)
+    ids = prompt_ids(engine.tokenizer, engine.tokens, TEXT, reference=True)
+    assert rows.shape == (len(ids.before) + frames + len(ids.after), 17)
+    block = rows[len(ids.before) : len(ids.before) + frames]
+    assert (block[:, 0] == engine.tokens["audio_user_slot_token_id"]).all()
+    assert np.array_equal(block[:, 1:], codes)
+    plain = engine.prompt(TEXT, None)
+    assert (plain[:, 1:] == 1024).all() and plain.shape[0] < rows.shape[0]
+    out = tmp_path / "clone.wav"
+    done = synth(tiny_nano_folder / "moss-tts-nano.yaml", "--text", TEXT, "--reference",
+                 str(reference_wav), *FIXED, "-o", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()
+    assert sf.info(str(out)).frames == 96_000
+
+
+def test_a_long_text_is_spoken_in_upstreams_chunks_with_its_pauses(engine):
+    chunks = split_text(engine.tokenizer, LONG)
+    assert len(chunks) > 1 and all(engine.tokenizer.count(c) <= 75 for c in chunks)
+    speech, pieces = speak(engine, LONG, seed=2, min_new_tokens=3, max_new_tokens=3)
+    assert [c.text for c in speech.chunks] == chunks
+    pauses = sum(round(48_000 * pause_after(c)) for c in chunks[:-1])
+    samples = sum(p.shape[1] for p in pieces)
+    assert samples == len(chunks) * 3 * 3840 + pauses
+    assert all(c.frames == 3 and c.ended == "max" for c in speech.chunks)
+
+
+def test_a_short_text_stays_whole_as_given(engine):
+    assert split_text(engine.tokenizer, "  hi there  ") == ["hi there"]
+
+
+def stop_at_once(folder: Path, dest: Path) -> Path:
+    """FOLDER copied with a local transformer whose output is a constant b (ln_f's weight 0)
+    and a text table that makes audio_end's logit 10·|b|² and the slot's −10·|b|²."""
+    shutil.copytree(folder, dest)
+    local, tables = dest / "local_transformer", dest / "tables"
+    bias = np.load(local / "ln_f.bias.npy")
+    bias = np.where(np.abs(bias) > 1e-3, bias, 0.5).astype(np.float32)
+    np.save(local / "ln_f.weight.npy", np.zeros_like(bias))
+    np.save(local / "ln_f.bias.npy", bias)
+    wte = np.load(tables / "wte.npy")
+    wte[7], wte[9] = 10 * bias, -10 * bias
+    np.save(tables / "wte.npy", wte)
+    return dest / "moss-tts-nano.yaml"
+
+
+def test_a_model_that_stops_at_frame_zero_writes_nothing(tiny_nano_folder, tmp_path):
+    config = stop_at_once(tiny_nano_folder, tmp_path / "stops")
+    out = tmp_path / "none.wav"
+    done = synth(config, "--text", TEXT, "--text-temperature", "0", "-o", str(out))
+    err = done.stderr.decode().strip()
+    assert done.returncode == 1 and len(err.splitlines()) == 1, err
+    assert "stopped before its first frame" in err and "--min-new-tokens" in err
+    assert not out.exists() and not list(tmp_path.glob(".none.wav*"))
+    # masked, the same model speaks
+    done = synth(config, "--text", TEXT, "--text-temperature", "0", "--min-new-tokens", "2",
+                 "--max-new-tokens", "2", "-o", str(out))  # fmt: skip
+    assert done.returncode == 0 and sf.info(str(out)).frames == 2 * 3840
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--instruction", "calm"), "--instruction do(es) not apply to a MOSS-TTS-Nano folder"),
+    (("--language", "en"), "--language do(es) not apply"),
+    (("--reference", "a.wav", "--reference", "b.wav"), "clones one voice"),
+    (("--min-new-tokens", "9", "--max-new-tokens", "3"), "min_new_tokens 9 is above"),
+])  # fmt: skip
+def test_what_nano_does_not_take_is_refused_in_one_line(tiny_nano_folder, tmp_path, args, words):
+    out = tmp_path / "x.wav"
+    done = synth(tiny_nano_folder / "moss-tts-nano.yaml", "--text", TEXT, *args, "-o", str(out))
+    err = done.stderr.decode().strip()
+    assert done.returncode == 2 and len(err.splitlines()) == 1 and words in err, err
+    assert not out.exists()
