@@ -60,7 +60,7 @@ def builtin_folder(tmp_path_factory) -> Path:
                              cache=tmp_path_factory.mktemp("hf"))  # fmt: skip
     assert rc == 0, stderr
     assert "verify: 9 passed, 0 warnings, 0 failed" in stdout
-    assert "speaking MOSS-TTS-Nano is not built yet (issue #52)" in stdout
+    assert f"speak it: moss-gguf synth --config {out / 'moss-tts-nano.yaml'}" in stdout
     return out
 
 
@@ -89,15 +89,6 @@ def test_the_builtin_becomes_a_complete_folder(builtin_folder):
     for rel, name in array_files(opened.nano).items():
         array = np.load(out / rel)
         assert array.dtype == np.float32 and np.array_equal(array, array_of(opened, name)), rel
-
-
-def test_synth_says_in_one_line_that_nano_does_not_speak_yet(builtin_folder, tmp_path):
-    config = str(builtin_folder / "moss-tts-nano.yaml")
-    rc, _, stderr = cli("synth", "--config", config, "--text", "hi", "--output",
-                        str(tmp_path / "a.wav"), cache=tmp_path)  # fmt: skip
-    assert rc == 2 and len(stderr.strip().splitlines()) == 1, stderr
-    assert "speaking Nano is not built yet (issue #52)" in stderr
-    assert not (tmp_path / "a.wav").exists()
 
 
 @pytest.mark.parametrize("kind", ["bin-bf16", "safetensors-f32"])

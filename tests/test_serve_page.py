@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import TINY_SYNTH_YAML, write_yaml
+from conftest import TINY_SYNTH_YAML, nano_yaml, write_yaml
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -372,5 +372,30 @@ def test_without_a_key_the_page_asks_for_none(browser, tiny_weights, tmp_path):
         assert [o.get_attribute("value") for o in Select(by_id(browser, "voice")).options] == [
             "default"
         ]
+    finally:
+        srv.stop()
+
+
+def test_the_page_speaks_nano_in_stereo(browser, tiny_nano_folder, tmp_path):
+    """A Nano server: the page takes its model from /v1/models, hides the language (the
+    server has none), and plays the 48 kHz stereo stream; the player's WAV is its 2.0 s."""
+    config = nano_yaml(tiny_nano_folder, "page-nano.yaml", min_new_tokens=25, max_new_tokens=25)
+    srv = start_serve(config, tmp_path / "s.log", "--voices", str(tmp_path / "voices"))
+    try:
+        browser.get(srv.url + "/")
+        wait(browser, lambda d: status(d).startswith("Ready"))
+        assert browser.execute_script("return window.mossPage.state.model") == "moss-tts-nano"
+        assert not by_id(browser, "language").is_displayed()
+        text = by_id(browser, "text")
+        text.clear()
+        text.send_keys("Nano speaks on the page.")
+        Select(by_id(browser, "format")).select_by_value("wav")
+        speak_button_click(browser)
+        run = last_run(browser)
+        assert run["error"] is None, run["error"]
+        assert run["streamed"] and run["deltas"] > 1
+        assert abs(run["seconds"] - 2.0) < 1e-6, run  # stereo read as stereo, not 4 s of mono
+        assert abs(audio_duration(browser) - 2.0) < 0.01
+        assert "moss-tts-nano" in srv.text() or srv.proc.poll() is None
     finally:
         srv.stop()

@@ -14,7 +14,7 @@
   const state = { model: null, keyRequired: false, run: null, ctx: null, audioUrl: null };
   // timings of each Speak, for the curious (and the browser tests)
   const runs = [];
-  window.mossPage = { runs };
+  window.mossPage = { runs, state };
 
   // ------------------------------------------------------------------ API
   class ApiFailure extends Error {
@@ -217,25 +217,30 @@
     // the stream's first delta starts with a WAV header: the rate, and where samples start
     const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
     let rate = 24000;
+    let channels = 1; // MOSS-TTS-Nano speaks 48 kHz stereo
     let at = 12;
     while (at + 8 <= bytes.length) {
       const id = String.fromCharCode(...bytes.subarray(at, at + 4));
       const size = view.getUint32(at + 4, true);
-      if (id === "fmt ") rate = view.getUint32(at + 12, true);
-      if (id === "data") return { rate, start: at + 8 };
+      if (id === "fmt ") {
+        channels = view.getUint16(at + 10, true);
+        rate = view.getUint32(at + 12, true);
+      }
+      if (id === "data") return { rate, channels, start: at + 8 };
       at += 8 + size;
     }
     throw new Error("the stream's WAV header has no data chunk");
   }
 
-  function wavBlob(chunks, rate) {
+  function wavBlob(chunks, rate, channels = 1) {
     const n = chunks.reduce((sum, c) => sum + c.length, 0);
     const head = new DataView(new ArrayBuffer(44));
     const text = (at, s) => [...s].forEach((ch, i) => head.setUint8(at + i, ch.charCodeAt(0)));
     text(0, "RIFF"); head.setUint32(4, 36 + 2 * n, true); text(8, "WAVE");
     text(12, "fmt "); head.setUint32(16, 16, true); head.setUint16(20, 1, true);
-    head.setUint16(22, 1, true); head.setUint32(24, rate, true);
-    head.setUint32(28, 2 * rate, true); head.setUint16(32, 2, true); head.setUint16(34, 16, true);
+    head.setUint16(22, channels, true); head.setUint32(24, rate, true);
+    head.setUint32(28, 2 * channels * rate, true); head.setUint16(32, 2 * channels, true);
+    head.setUint16(34, 16, true);
     text(36, "data"); head.setUint32(40, 2 * n, true);
     return new Blob([head, ...chunks], { type: "audio/wav" });
   }
@@ -247,35 +252,42 @@
   }
 
   class StreamPlayer {
-    // Plays 16-bit mono chunks back to back through Web Audio as they arrive.
-    constructor(ctx, rate) {
+    // Plays 16-bit chunks (channels interleaved) back to back through Web Audio as they arrive.
+    constructor(ctx, rate, channels = 1) {
       this.ctx = ctx;
       this.rate = rate;
+      this.channels = channels;
       this.next = 0;
       this.firstAt = null; // context time the first buffer starts
       this.sources = [];
       this.chunks = [];
-      this.carry = null; // an odd byte left over between deltas
+      this.carry = null; // bytes of a part sample left over between deltas
     }
 
     push(bytes) {
       if (this.carry) {
-        const joined = new Uint8Array(bytes.length + 1);
+        const joined = new Uint8Array(bytes.length + this.carry.length);
         joined.set(this.carry);
-        joined.set(bytes, 1);
+        joined.set(bytes, this.carry.length);
         bytes = joined;
         this.carry = null;
       }
-      if (bytes.length % 2) {
-        this.carry = bytes.slice(-1);
-        bytes = bytes.subarray(0, bytes.length - 1);
+      const frameBytes = 2 * this.channels; // a whole sample of every channel
+      const rest = bytes.length % frameBytes;
+      if (rest) {
+        this.carry = bytes.slice(bytes.length - rest);
+        bytes = bytes.subarray(0, bytes.length - rest);
       }
       if (!bytes.length) return;
       const ints = new Int16Array(bytes.slice().buffer);
       this.chunks.push(ints);
-      const floats = Float32Array.from(ints, (x) => x / 32768);
-      const buffer = this.ctx.createBuffer(1, floats.length, this.rate);
-      buffer.copyToChannel(floats, 0);
+      const frames = ints.length / this.channels;
+      const buffer = this.ctx.createBuffer(this.channels, frames, this.rate);
+      for (let c = 0; c < this.channels; c++) {
+        const floats = new Float32Array(frames);
+        for (let i = 0; i < frames; i++) floats[i] = ints[i * this.channels + c] / 32768;
+        buffer.copyToChannel(floats, c);
+      }
       const source = this.ctx.createBufferSource();
       source.buffer = buffer;
       source.connect(this.ctx.destination);
@@ -286,7 +298,9 @@
       this.sources.push(source);
     }
 
-    received() { return this.chunks.reduce((s, c) => s + c.length, 0) / this.rate; }
+    received() {
+      return this.chunks.reduce((s, c) => s + c.length, 0) / this.channels / this.rate;
+    }
 
     played() { return this.firstAt === null ? 0 : Math.max(0, this.ctx.currentTime - this.firstAt); }
 
@@ -347,8 +361,8 @@
         if (event.type === "speech.audio.delta") {
           let bytes = Uint8Array.from(atob(event.audio), (ch) => ch.charCodeAt(0));
           if (!player) {
-            const { rate, start } = wavParts(bytes);
-            player = new StreamPlayer(state.ctx, rate);
+            const { rate, channels, start } = wavParts(bytes);
+            player = new StreamPlayer(state.ctx, rate, channels);
             bytes = bytes.subarray(start);
           }
           player.push(bytes);
@@ -375,7 +389,7 @@
     run.seconds = player.received();
     progress(`Streamed ${seconds(run.seconds)} of audio in ${run.deltas} pieces; ` +
       "the player below holds it to play again or save.");
-    setPlayerSource(wavBlob(player.chunks, player.rate));
+    setPlayerSource(wavBlob(player.chunks, player.rate, player.channels));
     if (!finished) throw new Error(`the stream ended early, after ${seconds(run.seconds)} of audio`);
   }
 

@@ -1,0 +1,137 @@
+"""`moss-gguf serve` on a MOSS-TTS-Nano folder: the real server on 127.0.0.1, spoken to with
+the official `openai` client and httpx. It answers model "moss-tts-nano" (listed in
+/v1/models); wav / flac / mp3 / opus / aac are 48 kHz stereo, `pcm` is OpenAI's (24 kHz mono
+16-bit: 96,000 bytes for 2.0 s); a streamed answer is the whole one, byte for byte; greedy
+requests repeat; a registered voice is cloned; what Nano does not take is a 400 naming the
+field."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import av
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+from test_serve import KEY, TIMEOUT, add_voice, av_decode, start_serve
+
+from moss_gguf_cli.tts.codec import resample
+
+MODEL = "moss-tts-nano"
+TEXT = "Hello from the Nano server."
+TWO_S = {"min_new_tokens": 25, "max_new_tokens": 25, "seed": 11}
+GREEDY = {**TWO_S, "text_temperature": 0, "audio_temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_nano_folder, tmp_path_factory):
+    srv = start_serve(tiny_nano_folder / "moss-tts-nano.yaml",
+                      tmp_path_factory.mktemp("log") / "serve.log", "--api-key", KEY,
+                      "--voices", str(tmp_path_factory.mktemp("voices")))  # fmt: skip
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=TIMEOUT,
+                      headers={"Authorization": f"Bearer {KEY}"}) as c:  # fmt: skip
+        yield c
+
+
+def speak(client: openai.OpenAI, fmt: str, voice: str = "alloy", **extra) -> bytes:
+    return client.audio.speech.create(model=MODEL, voice=voice, input=TEXT, response_format=fmt,
+                                      extra_body={**TWO_S, **extra}).content  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def wav(client) -> np.ndarray:
+    data, rate = sf.read(io.BytesIO(speak(client, "wav")), dtype="int16")
+    assert rate == 48_000
+    return data
+
+
+def test_the_model_is_listed_and_announced(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert f"serving MOSS-TTS-Nano (nano_global_q8_0.gguf, n_vq 16) as model '{MODEL}'" \
+        in server.text()  # fmt: skip
+
+
+def test_wav_is_two_seconds_of_48k_stereo_and_pcm_is_openais(client, wav):
+    assert wav.shape == (96_000, 2) and np.abs(wav).max() > 300
+    pcm = np.frombuffer(speak(client, "pcm"), dtype="<i2")
+    assert pcm.size * 2 == 96_000  # 2.0 s of 24 kHz mono 16-bit
+    # the channels averaged and resampled (from the floats the WAV rounds: within 2 steps)
+    expected = resample(wav.astype(np.float32).mean(axis=1) / 32767.0, 48_000, 24_000)
+    assert np.abs(np.round(expected * 32767.0) - pcm).max() <= 2
+
+
+def test_flac_holds_the_wav_samples_and_compressed_formats_are_48k_stereo(client, wav):
+    flac, rate = sf.read(io.BytesIO(speak(client, "flac")), dtype="int16")
+    assert rate == 48_000 and np.array_equal(flac, wav)
+    for fmt in ("mp3", "opus", "aac"):
+        data = speak(client, fmt)
+        samples, rate, _ = av_decode(data)
+        with av.open(io.BytesIO(data)) as c:
+            channels = c.streams.audio[0].codec_context.channels
+        seconds = samples.size / channels / rate
+        assert (rate, channels) == (48_000, 2) and abs(seconds - 2.0) < 0.1, (fmt, seconds)
+
+
+def test_a_stream_is_the_whole_answer_byte_for_byte(client, http):
+    whole = speak(client, "pcm")
+    with client.audio.speech.with_streaming_response.create(
+        model=MODEL, voice="alloy", input=TEXT, response_format="pcm",
+        extra_body={**TWO_S, "stream_format": "audio"},
+    ) as reply:
+        pieces = list(reply.iter_bytes())
+    assert b"".join(pieces) == whole
+    # SSE: wav deltas (a streamed header, then the samples) hold the whole WAV's samples
+    body = {"model": MODEL, "input": TEXT, "response_format": "wav", "stream_format": "sse",
+            **TWO_S}  # fmt: skip
+    events = [json.loads(line[5:]) for line in
+              http.post("/v1/audio/speech", json=body).text.splitlines()
+              if line.startswith("data:")]  # fmt: skip
+    deltas = [base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta"]
+    assert len(deltas) > 2 and events[-1]["type"] == "speech.audio.done"
+    assert events[-1]["usage"]["output_tokens"] == 25
+    assert b"".join(deltas)[44:] == speak(client, "wav")[44:]
+
+
+def test_greedy_requests_repeat_and_run_one_after_another(client):
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda _: speak(client, "wav", **GREEDY), range(2)))
+    assert answers[0] == answers[1]
+    assert speak(client, "wav", seed=12) != speak(client, "wav", seed=13)
+
+
+def test_a_registered_voice_is_cloned(client, http, reference_wav):
+    reply = add_voice(http, "nano-me", reference_wav)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["frames"] == -(-round(0.9 * 48_000) // 3840)
+    assert reply.json()["seconds"] == round(reply.json()["frames"] * 0.08, 3)
+    cloned = speak(client, "wav", voice="nano-me")
+    assert sf.info(io.BytesIO(cloned)).frames == 96_000
+    assert cloned != speak(client, "wav")
+
+
+@pytest.mark.parametrize("field, value", [("language", "en"), ("instructions", "calm"),
+                                          ("voices", ["a"])])  # fmt: skip
+def test_what_nano_does_not_take_is_a_400_naming_it(http, field, value):
+    body = {"model": MODEL, "input": TEXT, field: value}
+    reply = http.post("/v1/audio/speech", json=body)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == field, reply.text
+
+
+def test_no_languages_are_offered(http):
+    assert http.get("/v1/audio/languages").status_code == 404
