@@ -241,3 +241,43 @@ def test_an_adapter_for_another_base_is_refused_at_load(
                            tmp_path / "theirs.gguf", "f32")  # fmt: skip
     err = one_line_error(synth(tiny_weights, tmp_path / "z.wav", "--lora", str(plain)))
     assert "which base" in err and not (tmp_path / "z.wav").exists()
+
+
+# ----------------------------------------------------------------------------- serve
+
+
+def test_serve_two_adapters_concurrently_each_as_alone(tiny_weights, lora_ggufs, tmp_path):
+    """The official openai client; two adapters on one server. Requests with different sets
+    never share a batch, so each concurrent answer is the bytes of that adapter alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+    import openai
+    from test_serve import GREEDY, KEY, start_serve
+
+    srv = start_serve(tiny_weights / "moss-tts.yaml", tmp_path / "serve.log", "--api-key", KEY,
+                      "--max-batch", "2", "--lora", f"nor={lora_ggufs['plain']}",
+                      "--lora", f"emo={lora_ggufs['zeros']}")  # fmt: skip
+    try:
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key=KEY, max_retries=0, timeout=120)
+
+        def speak(lora: dict | None) -> bytes:
+            extra = {**GREEDY, **({"lora": lora} if lora is not None else {})}
+            return client.audio.speech.create(model="moss-tts", voice="alloy", input="Hei",
+                                              response_format="wav", extra_body=extra).content
+
+        sets = [None, {"nor": 1.0}, {"emo": 1.0}, {"nor": 0.5, "emo": 2.0}]
+        alone = [speak(s) for s in sets]
+        assert len(set(alone)) == len(alone)  # each set speaks otherwise
+        assert speak({"nor": 0}) == alone[0]  # scale 0 is no adapter
+        with ThreadPoolExecutor(len(sets) * 2) as pool:
+            together = list(pool.map(speak, sets * 2))
+        assert together == alone * 2
+        models = client.models.list().data
+        assert models[0].model_extra["lora"] == ["emo", "nor"]
+        with httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {KEY}"}) as h:
+            bad = h.post("/v1/audio/speech", json={"model": "moss-tts", "input": "Hei",
+                                                   "lora": {"other": 1}})  # fmt: skip
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "lora"
+    finally:
+        assert srv.stop() == 0

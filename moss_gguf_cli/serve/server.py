@@ -15,6 +15,7 @@ import logging
 import signal
 import socket
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import uvicorn
@@ -36,7 +37,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 def run_server(settings: ServeSettings, announce: Callable[[str], None], quiet: bool = False):
     """Serve until stopped. ANNOUNCE gets the line saying where and what (once ready)."""
     settings.check()
-    config = SynthConfig.from_yaml(settings.config)
+    config = replace(SynthConfig.from_yaml(settings.config), lora=settings.lora)
     sock = bind(settings.host, settings.port)
     try:
         service = _load(settings, config)

@@ -32,7 +32,8 @@ DIGEST_TABLE = "lm_head_audio_00.npy"
 
 @dataclass(frozen=True)
 class LoraSpec:
-    """One adapter to load: its file, its scale (synth) and the name requests use (serve)."""
+    """One adapter to load: its file, the scale it is applied with from the start (synth;
+    serve's are 0 until a request names them) and its name (what a request says)."""
 
     path: Path
     scale: float = 1.0
@@ -56,7 +57,7 @@ class LoraSpec:
         if not sep or not _NAME.match(name) or not path:
             raise UsageError(f"--lora {text!r}: expected NAME=FILE",
                              hint="NAME: letters, digits, '.', '_', '-'")  # fmt: skip
-        return cls(Path(path).expanduser(), 1.0, name)
+        return cls(Path(path).expanduser(), 0.0, name)  # off until a request names it
 
 
 def folder_model(backbone_gguf: Path, model_config: Path | None) -> str:
