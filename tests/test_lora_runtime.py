@@ -246,6 +246,15 @@ def test_an_adapter_for_another_base_is_refused_at_load(
 # ----------------------------------------------------------------------------- serve
 
 
+def serve(config: Path, log: Path, *args: str):
+    """test_serve's start_serve: `moss-gguf serve` started, the URL it announces."""
+    from test_serve import start_serve
+
+    command = "serve"  # what ARGS are options of (test_readme_options reads it here)
+    assert command in start_serve.__code__.co_consts
+    return start_serve(config, log, *args)
+
+
 def test_serve_two_adapters_concurrently_each_as_alone(tiny_weights, lora_ggufs, tmp_path):
     """The official openai client; two adapters on one server. Requests with different sets
     never share a batch, so each concurrent answer is the bytes of that adapter alone."""
@@ -253,9 +262,9 @@ def test_serve_two_adapters_concurrently_each_as_alone(tiny_weights, lora_ggufs,
 
     import httpx
     import openai
-    from test_serve import GREEDY, KEY, start_serve
+    from test_serve import GREEDY, KEY
 
-    srv = start_serve(tiny_weights / "moss-tts.yaml", tmp_path / "serve.log", "--api-key", KEY,
+    srv = serve(tiny_weights / "moss-tts.yaml", tmp_path / "serve.log", "--api-key", KEY,
                       "--max-batch", "2", "--lora", f"nor={lora_ggufs['plain']}",
                       "--lora", f"emo={lora_ggufs['zeros']}")  # fmt: skip
     try:

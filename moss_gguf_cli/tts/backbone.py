@@ -141,7 +141,7 @@ class Backbone:
 
     def __init__(self, gguf: Path, settings: BackboneSettings | None = None):
         settings = settings or BackboneSettings()
-        gguf = Path(gguf)
+        gguf = self.gguf = Path(gguf)
         if not gguf.is_file():
             raise InputError("backbone GGUF not found", path=gguf, hint="check backbone_gguf")
         for key in ("kv_cache_type_k", "kv_cache_type_v"):

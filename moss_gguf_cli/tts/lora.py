@@ -23,6 +23,7 @@ from ..errors import InputError, UsageError
 from ..gguf.lora import ARCH, backbone_hparams, read_identity, table_digest
 from ..gguf.read import GgufFormatError, read_gguf
 from ..source.hub import is_repo_id
+from .backbone import Backbone
 
 CONVERT_HINT = "convert the PEFT adapter with: moss-gguf convert ADAPTER --format lora --base MODEL"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -124,3 +125,15 @@ def check_adapter(path: Path, backbone_gguf: Path, lm_head_dir: Path, n_vq: int,
                          f"({lm_head_dir / DIGEST_TABLE})", path=path,
                          hint="use it with the base it was made for, or convert the adapter "
                          "with this model as --base")  # fmt: skip
+
+
+def load_adapters(backbone: Backbone, specs: tuple[LoraSpec, ...], lm_head_dir: Path,
+                  n_vq: int, model_config: Path | None) -> dict[str, object]:  # fmt: skip
+    """SPECS, each checked against the folder, loaded into BACKBONE, by name."""
+    loaded: dict[str, object] = {}
+    for spec in specs:
+        if spec.name in loaded:
+            raise UsageError(f"two LoRA adapters are named {spec.name!r}")
+        check_adapter(spec.path, backbone.gguf, lm_head_dir, n_vq, model_config)
+        loaded[spec.name] = backbone.load_adapter(spec.path)
+    return loaded

@@ -39,7 +39,7 @@ from .embeddings import EmbeddingTables
 from .engine import Engine, EngineSettings, Run, SynthProfile
 from .heads import AudioHeads
 from .language import language_name
-from .lora import check_adapter
+from .lora import load_adapters
 from .normalize import normalize_text
 from .prompt import Prompt, PromptFields, build_prompt, dialogue_text, load_tokenizer
 from .sampling import Sampler, SamplingParams
@@ -185,21 +185,14 @@ class Synthesizer:
                              self.text_head, settings)  # fmt: skip
         self.adapters: dict[str, object] = {}  # LoRA adapters by name (tts/lora.py)
         try:
-            self._load_adapters(config)
+            self.adapters = load_adapters(self.backbone, config.lora, config.lm_head_dir,
+                                          self.info.n_vq, self.info.source)  # fmt: skip
+            self.use_adapters({s.name: s.scale for s in config.lora})
         except BaseException:
             self.close()
             raise
 
     # -- LoRA adapters
-
-    def _load_adapters(self, config: SynthConfig) -> None:
-        for spec in config.lora:
-            if spec.name in self.adapters:
-                raise UsageError(f"two LoRA adapters are named {spec.name!r}")
-            check_adapter(spec.path, config.backbone_gguf, config.lm_head_dir, self.info.n_vq,
-                          self.info.source)  # fmt: skip
-            self.adapters[spec.name] = self.backbone.load_adapter(spec.path)
-        self.use_adapters({s.name: s.scale for s in config.lora})
 
     def use_adapters(self, scales: dict[str, float]) -> None:
         """From the next decode on, the adapters named (by name → scale) and no other; a
