@@ -14,6 +14,8 @@ from ..gguf.first_class import FORMAT
 from ..pipeline.audio_codec import convert_codec
 from ..pipeline.convert import convert
 from ..pipeline.first_class import convert_first_class, parse_formats
+from ..pipeline.lora_convert import FORMAT as LORA_FORMAT
+from ..pipeline.lora_convert import convert_lora
 from ..source.checkpoint import BUILTIN_PREFIX, resolve_model
 from ._command import command
 from ._options import Force, LlamaCppDir, Quiet, Verbose
@@ -38,6 +40,9 @@ EXAMPLES = """
   moss-gguf convert OpenMOSS-Team/MOSS-Audio-Tokenizer --format moss-tts-audio-codec -o codec
   [dim](the audio tokenizer as the fork's encoder and decoder GGUFs, in the folder codec/)[/dim]
 
+  moss-gguf convert ./my-lora --format lora --base OpenMOSS-Team/MOSS-TTS -o my-lora.gguf
+  [dim](a PEFT LoRA adapter as llama.cpp's adapter GGUF, for synth/serve --lora)[/dim]
+
 [b]INPUT[/b] is an extracted qwen3_backbone/ folder, a whole extract output folder, a \
 MOSS-TTS checkpoint folder, or builtin:tiny.
 
@@ -51,7 +56,9 @@ llama.cpp fork (llama-moss-tts): backbone, audio embeddings and heads in one fil
 byte as the fork's converter writes it (INPUT: a MOSS-TTS checkpoint; native engine); \
 [i]moss-tts-audio-codec[/i] is the PyTorch MOSS Audio Tokenizer (INPUT: its folder or Hub \
 repo) as the fork's two GGUFs, NAME-encoder-OUTTYPE.gguf and NAME-decoder-OUTTYPE.gguf in \
-the folder -o names (f16 or f32), byte for byte as the fork's split converter writes them.
+the folder -o names (f16 or f32), byte for byte as the fork's split converter writes them; \
+[i]lora[/i] is a PEFT LoRA adapter (INPUT: its folder or Hub id) as llama.cpp's adapter GGUF \
+for the base --base names (f32 by default, as llama.cpp's convert_lora_to_gguf.py).
 """
 
 
@@ -78,8 +85,14 @@ def convert_command(
         ),
     ],
     outtype: Annotated[
-        str, typer.Option("--outtype", "-t", help="f16, bf16, f32 or q8_0.")
-    ] = "f16",
+        str | None,
+        typer.Option(
+            "--outtype",
+            "-t",
+            help="f16, bf16, f32 or q8_0 (default f16; lora: f32).",
+            show_default=False,
+        ),
+    ] = None,
     engine: Annotated[
         str, typer.Option("--engine", help="native (default) or llama.cpp.")
     ] = "native",
@@ -88,16 +101,32 @@ def convert_command(
         str,
         typer.Option(
             "--format",
-            help="backend (the Qwen3 backbone; default), moss-tts-delay (first-class) or "
-            "moss-tts-audio-codec (the audio tokenizer's encoder and decoder GGUFs).",
+            help="backend (the Qwen3 backbone; default), moss-tts-delay (first-class), "
+            "moss-tts-audio-codec (the audio tokenizer's encoder and decoder GGUFs) or lora "
+            "(a PEFT LoRA adapter as llama.cpp's adapter GGUF).",
         ),
     ] = "backend",
+    base: Annotated[
+        str | None,
+        typer.Option(
+            "--base",
+            help="--format lora: the MOSS checkpoint (folder or Hub id) "
+            "the adapter was trained on.",
+            show_default=False,
+        ),
+    ] = None,
     force: Force = False,
     quiet: Quiet = False,
     verbose: Verbose = False,
 ) -> None:
     mode = OutputMode(quiet=quiet, verbose=verbose)
     setup_logging(mode)
+    if fmt.strip().lower() == LORA_FORMAT:
+        _lora(input, base, outfile, outtype or "f32", force, mode)
+        return
+    if base is not None:
+        raise UsageError("--base is for --format lora", hint="drop --base")
+    outtype = outtype or "f16"
     if fmt.strip().lower() == CODEC_FORMAT:
         _codec(input, outfile, outtype, engine, force, mode)
         return
@@ -162,3 +191,19 @@ def _codec(
     )
     typer.echo(str(r.encoder))
     typer.echo(str(r.decoder))
+
+
+def _lora(
+    input: str, base: str | None, outfile: Path, outtype: str, force: bool, mode: OutputMode
+) -> None:
+    with progress_for(mode) as bar:
+        r = convert_lora(input, base, outfile, outtype, force=force, progress=bar)
+    for note in r.notes:
+        info(mode, note)
+    info(
+        mode,
+        f"converted the adapter to a {r.outtype} LoRA GGUF: {r.n_tensors} tensors, alpha "
+        f"{r.alpha:g}, for {r.identity.model or 'the base in ' + str(base)}, "
+        f"{human_bytes(r.bytes_written)} in {r.seconds:.1f} s",
+    )
+    typer.echo(str(r.outfile))

@@ -9,6 +9,7 @@ import typer
 
 from ..doctor import preflight
 from ..serve.settings import ServeSettings
+from ..tts.lora import LoraSpec
 from ._command import command
 from ._options import Quiet, Verbose
 from ._output import OutputMode, info, setup_logging
@@ -111,6 +112,12 @@ def serve_command(
     max_voices: Annotated[
         int, typer.Option(help="Voices the store may hold; registering one more gets 409.")
     ] = 100,
+    lora: Annotated[
+        list[str] | None,
+        typer.Option("--lora", help="NAME=FILE: a LoRA adapter GGUF (convert --format lora) "
+                     "a request applies with \"lora\": {\"NAME\": scale}; repeatable.",
+                     show_default=False),
+    ] = None,
     quiet: Quiet = False,
     verbose: Verbose = False,
 ) -> None:
@@ -121,7 +128,7 @@ def serve_command(
         max_queue=max_queue, max_batch=max_batch, stall_timeout=stall_timeout,
         runaway_retries=runaway_retries, batch_width=batch_width,
         allowed_hosts=tuple(h.strip() for h in allowed_hosts.split(",") if h.strip()),
-        max_voices=max_voices,
+        max_voices=max_voices, lora=tuple(LoraSpec.parse_named(t) for t in lora or []),
     )  # fmt: skip
     settings.check()  # before the imports and the model: a refused binding costs nothing
     run_server = _server()

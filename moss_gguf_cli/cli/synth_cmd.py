@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -27,6 +28,7 @@ from ..tts import (
 )
 from ..tts.floor import StepFloor, step_floor
 from ..tts.language import language_name
+from ..tts.lora import LoraSpec
 from ..tts.speech import SpeechPlan
 from ._command import command
 from ._options import Quiet, Verbose
@@ -71,6 +73,9 @@ EXAMPLES = """
   # upstream's command lines work as they are (--output defaults to output.wav)
   moss-gguf synth --config configs/llama_cpp/default.yaml --text "Hello!" \\
       --audio-temp 1.5 --audio-rep-penalty 1.2
+
+  # a fine-tuned voice: a LoRA adapter applied at run time on any file type, at half strength
+  moss-gguf synth --config weights/moss-tts.yaml --text "Hei!" --lora my-lora.gguf:0.5
 
 Flags override the YAML's values. builtin:tiny weights are random: they speak noise.
 """
@@ -194,6 +199,12 @@ def synth_command(
         typer.Option(help="How often a chunk that reaches its step budget without ending "
                      "is run again with another seed (0: never)."),
     ] = 1,
+    lora: Annotated[
+        list[str] | None,
+        typer.Option("--lora", help="A LoRA adapter GGUF (convert --format lora) that "
+                     "llama.cpp applies at run time, FILE[:SCALE] (default 1); repeatable: "
+                     "stacked.", show_default=False),
+    ] = None,
     quiet: Quiet = False,
     verbose: Verbose = False,
 ) -> None:
@@ -205,7 +216,7 @@ def synth_command(
                             "--sound-event": sound_event, "--ambient-sound": ambient_sound,
                             "--heads-backend": heads_backend, "--n-gpu-layers": n_gpu_layers,
                             "--flash-attn": flash_attn, "--dry-run": dry_run,
-                            "--json": as_json}, reference)  # fmt: skip
+                            "--json": as_json, "--lora": lora}, reference)  # fmt: skip
         sampling = dict(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
                         text_temperature=text_temperature, text_top_p=text_top_p,
                         text_top_k=text_top_k, audio_temperature=audio_temperature,
@@ -234,6 +245,8 @@ def synth_command(
         low_memory=low_memory or None,
         profile=profile or None,
     )
+    specs = [LoraSpec.parse(t) for t in lora or []]
+    settings = replace(settings, lora=tuple(replace(s, name=str(i)) for i, s in enumerate(specs)))
     described = ambient_sound is not None or sound_event is not None
     words = _read_text(text, text_file, may_be_absent=described)
     voice, speakers = _voices(reference or [], reference_text or [])

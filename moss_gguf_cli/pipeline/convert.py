@@ -82,7 +82,7 @@ class ConvertResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _check_outfile(outfile: Path, force: bool) -> None:
+def check_outfile(outfile: Path, force: bool) -> None:
     if outfile.is_dir():
         raise OutputError("is a folder", path=outfile, hint="give --outfile a file name")
     check_target(outfile, force, kind="file")
@@ -122,7 +122,7 @@ def convert(
     out_type = OutType.parse(outtype)
     eng = Converter.parse(engine)
     outfile = Path(outfile)
-    _check_outfile(outfile, force)
+    check_outfile(outfile, force)
     backbone = open_backbone(input)
     tensors = plan_backbone_tensors(backbone.params, backbone.tensors, out_type, backbone.root)
     if eng is Converter.NATIVE:

@@ -37,6 +37,7 @@ from ..tts.codec import FRAME_SAMPLES
 from ..tts.language import language_name, languages
 from ..tts.prompt import SPEAKER_TAG
 from . import audio
+from .adapters import request_lora
 from .api_errors import ApiError, error_response
 from .metrics import CONTENT_TYPE, Metrics
 from .origins import Gate, HostPolicy
@@ -123,6 +124,7 @@ class Service:
             sampling=body.sampling(),
             language=language,
             speakers=speakers,
+            lora=request_lora(body.lora, self.scheduler.tts.adapters),
         )
 
     def nano_job(self, body: SpeechRequest) -> SpeechJob:
@@ -275,7 +277,8 @@ def _speech_routes(app: FastAPI, service: Service) -> None:
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         entry = {"id": service.model_id, "object": "model", "created": service.created,
-                 "owned_by": "moss-gguf"}  # fmt: skip
+                 "owned_by": "moss-gguf",
+                 "lora": sorted(service.scheduler.tts.adapters)}  # fmt: skip
         return {"object": "list", "data": [entry]}
 
     @app.get("/health")

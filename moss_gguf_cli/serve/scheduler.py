@@ -42,6 +42,7 @@ from ..progress import NullProgress
 from ..tts import Speaker, Synthesizer, SynthProfile, SynthResult
 from ..tts.engine import Engine, Utterance
 from ..tts.speech import RETRIES, Speech
+from .adapters import AdapterGate
 from .api_errors import QueueFull, ShuttingDown, Stalled
 from .failures import Cancelled, api_error
 
@@ -61,6 +62,7 @@ class SpeechJob:
     language: str | None = None  # a name of tts/language.py, checked by the route
     speakers: list[Speaker] | None = None  # MOSS-TTSD: a stored voice per speaker
     min_new_tokens: int | None = None  # MOSS-TTS-Nano: frames before its stop is allowed
+    lora: dict[str, float] = field(default_factory=dict)  # adapter set (serve/adapters.py)
 
     def options(self) -> dict[str, Any]:
         """Synthesizer.prepare's keyword options."""
@@ -121,6 +123,7 @@ class Scheduler:
         self._speeches: list[tuple[Speech, _Task]] = []  # running speech jobs (worker only)
         self._jobs: dict[int, tuple[Utterance, Speech, _Task]] = {}  # id(utterance) → its job
         self._closing = False
+        self._lora = AdapterGate(tts)  # one adapter set at a time (serve/adapters.py)
         self._thread = threading.Thread(target=self._work, name="moss-gguf-synth", daemon=True)
         self._watchdog = threading.Thread(target=self._watch, name="moss-gguf-watchdog",
                                           daemon=True)  # fmt: skip
@@ -255,9 +258,15 @@ class Scheduler:
             if self._closing:
                 return None
             tasks, free = [], len(engine.free)
+            busy = bool(engine.active or self._speeches)
             while self._waiting and (self._waiting[0].begin is None or free > 0):
+                head = self._waiting[0]
+                if head.begin is not None and not self._lora.admits(head.job and head.job.lora,
+                                                                    busy):  # fmt: skip
+                    break  # another adapter set: it waits until this batch is done
                 task = self._waiting.popleft()
                 free -= task.begin is not None
+                busy = busy or task.begin is not None
                 tasks.append(task)
             self._running += tasks
             self._free = free

@@ -24,6 +24,8 @@ from .settings import DEFAULT_VOICE, MAX_NAME_CHARS
 MAX_SPEAKERS = 16  # more turns than MOSS-TTSD's speaker tags ever name
 MAX_NEW_TOKENS = 1 << 20  # beyond any context: the server's n_ctx bounds it further
 TEMPERATURE = {"ge": 0, "le": TEMPERATURE_MAX}
+MAX_ADAPTERS = 8  # stacked in one request
+LoraScale = Annotated[float, Field(ge=-16, le=16)]
 PENALTY = {"ge": PENALTY_RANGE[0], "le": PENALTY_RANGE[1]}
 
 
@@ -63,6 +65,10 @@ class SpeechRequest(BaseModel):
     # MOSS-TTSD: a stored voice per speaker
     voices: list[Annotated[str, Field(max_length=MAX_NAME_CHARS)]] | None = Field(
         None, min_length=1, max_length=MAX_SPEAKERS
+    )
+    # MOSS: LoRA adapters the server loaded (serve --lora NAME=FILE), by name → scale
+    lora: dict[Annotated[str, Field(max_length=MAX_NAME_CHARS)], LoraScale] | None = Field(
+        None, max_length=MAX_ADAPTERS
     )
 
     @property
@@ -126,7 +132,8 @@ def validation_error(errors: list[dict[str, Any]]) -> ApiError:
     if kind == "extra_forbidden":
         message = (
             f"unknown field {field!r}; the fields are OpenAI's (model, input, voice, "
-            "instructions, response_format, speed) and seed, max_new_tokens, language, voices "
+            "instructions, response_format, speed) and seed, max_new_tokens, language, voices, "
+            "lora "
             f"and the synth YAML's sampling keys ({', '.join(SAMPLING_KEYS)})"
         )
     elif kind == "missing":

@@ -15,6 +15,7 @@ import logging
 import signal
 import socket
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import uvicorn
@@ -40,8 +41,11 @@ def run_server(settings: ServeSettings, announce: Callable[[str], None], quiet: 
     """Serve until stopped. ANNOUNCE gets the line saying where and what (once ready)."""
     settings.check()
     nano = is_nano_config(settings.config)
+    if nano and settings.lora:
+        raise UsageError("--lora adapters are for the delay models' backbone; a MOSS-TTS-Nano "
+                         "folder takes none", hint="leave --lora out")  # fmt: skip
     config = (NanoFolderConfig.from_yaml(settings.config) if nano else
-              SynthConfig.from_yaml(settings.config))  # fmt: skip
+              replace(SynthConfig.from_yaml(settings.config), lora=settings.lora))  # fmt: skip
     sock = bind(settings.host, settings.port)
     try:
         service = _load_nano(settings, config) if nano else _load(settings, config)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..tts.engine import WIDTHS
+from ..tts.lora import LoraSpec
 
 # OpenAI's limit on `input`; longer text is refused with 413 before it is queued
 MAX_INPUT_CHARS = 4096
@@ -59,6 +60,8 @@ class ServeSettings:
     # Host names answered besides the loopback ones and --host (origins.HostPolicy); "*": any
     allowed_hosts: tuple[str, ...] = ()
     max_voices: int = 100  # stored voices; registering one more is refused (409)
+    # LoRA adapters loaded for requests to name (serve/adapters.py); off until one does
+    lora: tuple[LoraSpec, ...] = ()
 
     @property
     def voices_dir(self) -> Path:

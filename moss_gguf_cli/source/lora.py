@@ -197,7 +197,7 @@ def _read_config(path: Path) -> dict:
 # ----------------------------------------------------------------------------- planning
 
 
-def _pattern(patterns: dict, module: str, default: float) -> float:
+def pattern_value(patterns: dict, module: str, default: float) -> float:
     """A rank_pattern / alpha_pattern value as PEFT picks it: the first key the module name
     ends with (after a dot), else the config's value."""
     for key, value in (patterns or {}).items():
@@ -206,7 +206,7 @@ def _pattern(patterns: dict, module: str, default: float) -> float:
     return float(default)
 
 
-def _factors(adapter: Adapter) -> dict[str, dict[str, tuple[str, bool]]]:
+def lora_factors(adapter: Adapter) -> dict[str, dict[str, tuple[str, bool]]]:
     """module → {"A"/"B": (key, is_embedding)}; any other key refused, naming it."""
     path = adapter.weights.path
     found: dict[str, dict[str, tuple[str, bool]]] = {}
@@ -247,7 +247,7 @@ def plan_merge(ck: MossCheckpoint, adapters: list[Adapter]) -> dict[str, TensorD
     deltas: dict[str, TensorDelta] = {}
     for adapter in adapters:
         path, cfg = adapter.weights.path, adapter.config
-        for module, pair in sorted(_factors(adapter).items()):
+        for module, pair in sorted(lora_factors(adapter).items()):
             ref = _target(ck, module, path)
             if len(ref.shape) != 2:
                 raise InputError(f"targets {module}, a {len(ref.shape)}-D tensor", path=path)
@@ -261,11 +261,11 @@ def plan_merge(ck: MossCheckpoint, adapters: list[Adapter]) -> dict[str, TensorD
                     f"{module}: lora_A {list(a.shape)} and lora_B {list(b.shape)} do not fit "
                     f"the base's {ref.name} {list(ref.shape)}: an adapter for another model",
                     path=path, hint="merge it into the base it was trained on")  # fmt: skip
-            rank = _pattern(cfg.get("rank_pattern"), module, cfg["r"])
+            rank = pattern_value(cfg.get("rank_pattern"), module, cfg["r"])
             if int(rank) != a.shape[0]:
                 raise InputError(f"{module} has rank {a.shape[0]}, its config says {rank:g}",
                                  path=adapter.folder / CONFIG)  # fmt: skip
-            alpha = _pattern(cfg.get("alpha_pattern"), module, cfg["lora_alpha"])
+            alpha = pattern_value(cfg.get("alpha_pattern"), module, cfg["lora_alpha"])
             scale = adapter.spec.scale * alpha / (math.sqrt(rank) if cfg.get("use_rslora")
                                                   else rank)  # fmt: skip
             fa, fb = (to_f32(np.asarray(t.memmap(path)), t.dtype) for t in (a, b))

@@ -141,7 +141,7 @@ class Backbone:
 
     def __init__(self, gguf: Path, settings: BackboneSettings | None = None):
         settings = settings or BackboneSettings()
-        gguf = Path(gguf)
+        gguf = self.gguf = Path(gguf)
         if not gguf.is_file():
             raise InputError("backbone GGUF not found", path=gguf, hint="check backbone_gguf")
         for key in ("kv_cache_type_k", "kv_cache_type_v"):
@@ -157,6 +157,7 @@ class Backbone:
         self._model = None
         self._ctx = None
         self._batch = None
+        self._adapters: tuple[tuple[int, float], ...] = ()  # the LoRA set applied (addresses)
 
         mparams = lc.llama_model_default_params()
         mparams.n_gpu_layers = settings.n_gpu_layers
@@ -423,6 +424,30 @@ class Backbone:
                 out[start + i] = np.ctypeslib.as_array(ptr, shape=(self.n_embd,))
         self.reset()
         return out
+
+    def load_adapter(self, path: Path) -> object:
+        """llama.cpp's handle of the LoRA adapter GGUF at PATH (tts/lora.py checked it);
+        llama.cpp frees it with the model."""
+        handle = self._lc.llama_adapter_lora_init(self._model, str(path).encode())
+        if not handle:
+            raise InputError(f"llama.cpp cannot load the adapter: {_last_error()}", path=path,
+                             hint="was it converted for this model? moss-gguf convert "
+                             "ADAPTER --format lora --base MODEL")  # fmt: skip
+        return handle
+
+    def use_adapters(self, adapters: list[tuple[object, float]]) -> bool:
+        """Every later decode applies ADAPTERS ((handle, scale); scale 0: left out); whether
+        the set changed. The KV cache written under another set is the caller's to drop."""
+        chosen = [(h, float(s)) for h, s in adapters if s != 0]
+        key = tuple((ctypes.cast(h, ctypes.c_void_p).value or 0, s) for h, s in chosen)
+        if key == self._adapters:
+            return False
+        lc, n = self._lc, len(chosen)
+        handles = (lc.llama_adapter_lora_p_ctypes * n)(*(h for h, _ in chosen)) if n else None
+        scales = (ctypes.c_float * n)(*(s for _, s in chosen)) if n else None
+        lc.llama_set_adapters_lora(self._ctx, handles, n, scales)
+        self._adapters = key
+        return True
 
     def close(self) -> None:
         lc = self._lc

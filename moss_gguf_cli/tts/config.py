@@ -22,6 +22,7 @@ from ..errors import InputError, UnsupportedModelError, UsageError
 from ..source.checkpoint import variant_name
 from ..source.token_ids import TOKEN_DEFAULTS
 from .defaults import SYNTH_DEFAULTS as D
+from .lora import LoraSpec
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,8 @@ class SynthConfig:
     low_memory: bool = False  # upstream's: load stage by stage (see validate)
     profile: bool = False  # upstream's: print where the time went, as --profile
     source: Path | None = field(default=None, compare=False)
+    # LoRA adapter GGUFs llama.cpp applies at run time (synth/serve --lora; not a YAML key)
+    lora: tuple[LoraSpec, ...] = ()
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> SynthConfig:
@@ -146,7 +149,7 @@ class SynthConfig:
                 hint="moss-gguf synth and moss-gguf serve speak it (--config)",
             )
         base = base or Path.cwd()
-        names = {f.name for f in dataclasses.fields(cls)} - {"source"}
+        names = {f.name for f in dataclasses.fields(cls)} - {"source", "lora"}
         values: dict[str, Any] = {}
         for key, value in data.items():
             key = str(key)

@@ -185,6 +185,11 @@ class Engine:
         # from a wedged engine by it (serve/scheduler.py, /health)
         self.last_progress = time.monotonic()
 
+    def forget_prefix(self) -> None:
+        """Drop the kept shared beginning: its KV was computed under other weights (another
+        LoRA set, tts/lora.py), so no later chunk may restore it."""
+        self._prefix = None
+
     def join(self, u: Utterance) -> None:
         """Prefill U's prompt into a free sequence; it takes part from the next step."""
         if not self.free:

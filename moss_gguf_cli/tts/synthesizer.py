@@ -39,6 +39,7 @@ from .embeddings import EmbeddingTables
 from .engine import Engine, EngineSettings, Run, SynthProfile
 from .heads import AudioHeads
 from .language import language_name
+from .lora import load_adapters
 from .normalize import normalize_text
 from .prompt import Prompt, PromptFields, build_prompt, dialogue_text, load_tokenizer
 from .sampling import Sampler, SamplingParams
@@ -182,6 +183,28 @@ class Synthesizer:
         self._reach: ReceptiveField | None = None
         self.engine = Engine(self.backbone, self.embeddings, self.heads, self.info, max_batch,
                              self.text_head, settings)  # fmt: skip
+        self.adapters: dict[str, object] = {}  # LoRA adapters by name (tts/lora.py)
+        try:
+            self.adapters = load_adapters(self.backbone, config.lora, config.lm_head_dir,
+                                          self.info.n_vq, self.info.source)  # fmt: skip
+            self.use_adapters({s.name: s.scale for s in config.lora})
+        except BaseException:
+            self.close()
+            raise
+
+    # -- LoRA adapters
+
+    def use_adapters(self, scales: dict[str, float]) -> None:
+        """From the next decode on, the adapters named (by name → scale) and no other; a
+        change drops the engine's kept prefix (its KV was made under the old set). Between
+        batches only: llama.cpp applies one set to every sequence of a decode."""
+        unknown = sorted(set(scales) - set(self.adapters))
+        if unknown:
+            raise UsageError(f"no LoRA adapter named {unknown[0]!r}",
+                             hint="loaded: " + (", ".join(self.adapters) or "none"))  # fmt: skip
+        chosen = [(self.adapters[n], float(s)) for n, s in sorted(scales.items())]
+        if self.backbone.use_adapters(chosen):
+            self.engine.forget_prefix()
 
     # -- lifetime
 
