@@ -19,7 +19,9 @@ import openai
 import pytest
 import soundfile as sf
 from test_serve import KEY, TIMEOUT, add_voice, av_decode, start_serve
+from test_serve_stream import metric
 
+from moss_gguf_cli.native.cpu_features import physical_cores
 from moss_gguf_cli.tts.codec import resample
 
 MODEL = "moss-tts-nano"
@@ -108,11 +110,16 @@ def test_a_stream_is_the_whole_answer_byte_for_byte(client, http):
     assert b"".join(deltas)[44:] == speak(client, "wav")[44:]
 
 
-def test_greedy_requests_repeat_and_run_one_after_another(client):
+def test_requests_at_once_each_equal_their_answer_alone(server, client):
+    """Two engines on this 2-core machine (one a core): two requests are spoken side by side,
+    each the bytes it is alone; greedy ones repeat; seeds decide the sampled ones."""
+    alone = [speak(client, "wav", seed=s) for s in (12, 13)]
+    assert alone[0] != alone[1]
     with ThreadPoolExecutor(2) as pool:
-        answers = list(pool.map(lambda _: speak(client, "wav", **GREEDY), range(2)))
-    assert answers[0] == answers[1]
-    assert speak(client, "wav", seed=12) != speak(client, "wav", seed=13)
+        together = list(pool.map(lambda s: speak(client, "wav", seed=s), (12, 13)))
+        greedy = list(pool.map(lambda _: speak(client, "wav", **GREEDY), range(2)))
+    assert together == alone and greedy[0] == greedy[1]
+    assert metric(server, "moss_gguf_batch_size_max") == min(2, physical_cores())
 
 
 def test_a_registered_voice_is_cloned(client, http, reference_wav):

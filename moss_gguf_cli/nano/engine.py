@@ -10,6 +10,7 @@ yields the audio as it is decoded; collecting it gives the whole answer, the sam
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -23,6 +24,7 @@ import yaml
 
 from ..disk.confine import boundary, child, confined
 from ..errors import InputError
+from ..native.cpu_features import physical_cores
 from ..source.nano_codec import open_nano_codec
 from ..tts.backbone import Backbone, BackboneSettings
 from ..tts.config import FAMILY_KEY, NANO_FAMILY
@@ -115,6 +117,15 @@ class NanoFolderConfig:
                    local_type)  # fmt: skip
 
 
+def engines_for(at_once: int, n_threads: int = 0) -> tuple[int, int]:
+    """(engines, threads each) to speak AT_ONCE requests at a time: at most one engine a
+    physical core, the cores shared out among them unless N_THREADS says (threads beyond the
+    cores spin against each other in llama.cpp)."""
+    cores = physical_cores()
+    width = max(1, min(at_once, cores))
+    return width, n_threads or max(1, cores // width)
+
+
 @dataclass
 class ChunkResult:
     index: int
@@ -175,9 +186,10 @@ class NanoEngine:
         self.codec = NanoCodecRuntime(open_nano_codec(config.codec), threads=1)
         self.sample_rate, self.channels = self.codec.sample_rate, self.codec.channels
         self.frame_samples = self.sample_rate * 2 // 25  # 12.5 frames a second
+        # a prompt's rows are one big product each: every core; a frame's one row: THREADS
         self.backbone = Backbone(config.global_gguf, BackboneSettings(
-            n_ctx=n_ctx or config.n_ctx, n_batch=512, n_threads=threads or 0, n_gpu_layers=0,
-            flash_attn="disabled"))  # fmt: skip
+            n_ctx=n_ctx or config.n_ctx, n_batch=512, n_threads=threads or 0,
+            n_threads_batch=0, n_gpu_layers=0, flash_attn="disabled"))  # fmt: skip
         self._row = np.empty(nano.hidden, np.float32)
         self.plan = DecodePlan()
 
@@ -269,6 +281,30 @@ class NanoEngine:
         return NanoSpeech(self, chunks, reference, settings)
 
 
+_blas_lock = threading.Lock()
+_blas_users: list[Any] = []  # the limit in force while any speech runs, and who holds it
+
+
+@contextlib.contextmanager
+def _blas_one_thread() -> Iterator[None]:
+    """NumPy's BLAS held to one thread while any speech runs (engines on several threads
+    share the process's BLAS): the heads' matrix-vector products are too small to share,
+    and idle BLAS threads spin against llama.cpp's (4x slower frames measured on 2 cores)."""
+    from threadpoolctl import threadpool_limits
+
+    with _blas_lock:
+        if not _blas_users:
+            _blas_users.append(threadpool_limits(limits=1, user_api="blas"))
+        _blas_users.append(None)
+    try:
+        yield
+    finally:
+        with _blas_lock:
+            _blas_users.pop()
+            if len(_blas_users) == 1:
+                _blas_users.pop().restore_original_limits()
+
+
 class NanoSpeech:
     """One request's audio as it is made: iterate for (channels, samples) float32 pieces;
     `chunks` and `profile` say what happened."""
@@ -292,11 +328,7 @@ class NanoSpeech:
         return sum(c.frames for c in self.chunks)
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        from threadpoolctl import threadpool_limits
-
-        # the heads' matrix-vector products are too small to share: NumPy's BLAS threads
-        # would only spin against llama.cpp's (nano/local.py's figures)
-        with threadpool_limits(limits=1, user_api="blas"):
+        with _blas_one_thread():
             yield from self._pieces()
 
     def _pieces(self) -> Iterator[np.ndarray]:

@@ -1,10 +1,11 @@
 """The worker of a server that speaks MOSS-TTS-Nano: the Scheduler's surface (speak, stream,
 encode_voice, the queue's gauges, shutdown) over nano/engine.NanoEngine.
 
-One request is spoken at a time, in arrival order (the engine holds one KV sequence; a Nano
-frame is milliseconds, so a queue drains fast). Each frame asks whether the request is still
-wanted, so a client that leaves or a server that stops ends it within a frame. A whole answer
-is the streamed pieces joined: the same engine output, the same bytes.
+Each engine speaks one request at a time (it holds one KV sequence); the server loads as many
+engines as requests it speaks at once (server._load_nano: one a core, one thread each), and the
+others wait in arrival order. Each frame asks whether the request is still wanted, so a client
+that leaves or a server that stops ends it within a frame. A whole answer is the streamed
+pieces joined: the same engine output, the same bytes.
 """
 
 from __future__ import annotations
@@ -92,38 +93,47 @@ class _Task:
 class _EngineView:
     """`scheduler.tts` as the routes, metrics and start line read it."""
 
-    def __init__(self, engine: NanoEngine):
-        self._engine = engine
+    def __init__(self, engines: list[NanoEngine]):
+        engine = engines[0]
+        self._engines = engines
         self.info = NanoInfo(VARIANT, engine.nano.n_vq, engine.sample_rate, engine.channels,
                              engine.frame_samples)  # fmt: skip
         self.engine = self  # metrics read tts.engine.active
         self.active: list[Any] = []
+        self.width = len(engines)
         self.adapters: dict[str, Any] = {}  # no LoRA adapters: /v1/models lists none
 
     def close(self) -> None:
-        self._engine.close()
+        for engine in self._engines:
+            engine.close()
 
 
 class NanoScheduler:
+    """ENGINES (each a loaded NanoEngine with its own llama.cpp contexts over the same mmapped
+    weights) speak that many requests at once, each on its own thread; the rest wait in
+    arrival order."""
+
     def __init__(
         self,
-        engine: NanoEngine,
+        engines: list[NanoEngine],
         max_queue: int,
         on_speech: Callable[[Any], None] | None = None,
         stall_s: float = 300.0,
     ):
-        self.engine = engine
-        self.tts = _EngineView(engine)
+        self.engines = engines
+        self.tts = _EngineView(engines)
         self.max_queue, self.stall_s = max_queue, stall_s
         self.retries = 0
-        self.batch_max = 0
+        self.batch_max = 0  # the most requests spoken at once
         self._on_speech = on_speech
         self._cond = threading.Condition()
         self._waiting: deque[_Task] = deque()
-        self._running: _Task | None = None
+        self._running: list[_Task] = []
         self._beat = time.monotonic()
         self._closing = False
-        self._thread = threading.Thread(target=self._work, name="moss-gguf-nano", daemon=True)
+        self._threads = [threading.Thread(target=self._work, args=(engine,), daemon=True,
+                                          name=f"moss-gguf-nano-{i}")
+                         for i, engine in enumerate(engines)]  # fmt: skip
 
     # -- gauges
 
@@ -133,7 +143,12 @@ class NanoScheduler:
 
     @property
     def busy(self) -> bool:
-        return self._running is not None
+        return bool(self._running)
+
+    @property
+    def speaking(self) -> int:
+        """Requests being spoken now."""
+        return len(self._running)
 
     @property
     def closing(self) -> bool:
@@ -141,14 +156,15 @@ class NanoScheduler:
 
     @property
     def idle_s(self) -> float:
-        return time.monotonic() - self._beat if self._running is not None else 0.0
+        return time.monotonic() - self._beat if self._running else 0.0
 
     @property
     def stalled(self) -> bool:
         return self.idle_s > self.stall_s
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     # -- what routes call
 
@@ -176,19 +192,20 @@ class NanoScheduler:
             if self._closing:
                 return
             self._closing = True
-            dropped, running = list(self._waiting), self._running
+            dropped, running = list(self._waiting), list(self._running)
             self._waiting.clear()
             self._cond.notify_all()
-        for task in [*dropped, *([running] if running else [])]:
+        for task in [*dropped, *running]:
             task.cancel.set()
             settle(task.future, error=ShuttingDown())
 
     def close(self, timeout: float = 10.0) -> None:
         self.shutdown()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-        if self._thread.is_alive():
-            log.warning("the running request did not stop in %.0f s; leaving it", timeout)
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(timeout)
+        if any(thread.is_alive() for thread in self._threads):
+            log.warning("a running request did not stop in %.0f s; leaving it", timeout)
             return
         self.tts.close()
 
@@ -198,7 +215,8 @@ class NanoScheduler:
         with self._cond:
             if self._closing:
                 raise ShuttingDown()
-            if len(self._waiting) + (self._running is not None) > self.max_queue:
+            free = len(self.engines) - len(self._running)
+            if len(self._waiting) + 1 - free > self.max_queue:
                 raise QueueFull(self.max_queue)
             self._waiting.append(task)
             self._cond.notify()
@@ -211,28 +229,29 @@ class NanoScheduler:
             task.cancel.set()  # the client left: dropped if waiting, stopped if running
             raise
 
-    def _work(self) -> None:
+    def _work(self, engine: NanoEngine) -> None:
         while True:
             with self._cond:
                 while not self._waiting and not self._closing:
                     self._cond.wait()
                 if self._closing:
                     return
-                task = self._running = self._waiting.popleft()
+                task = self._waiting.popleft()
+                self._running.append(task)
+                self.batch_max = max(self.batch_max, len(self._running))
             self._beat = time.monotonic()
             try:
                 if not task.cancel.is_set():
-                    settle(task.future, self._run(task))
+                    settle(task.future, self._run(engine, task))
                 else:
                     settle(task.future, error=Cancelled())
             except BaseException as exc:  # noqa: BLE001 - every failure answers its request
                 settle(task.future, error=api_error(exc, task.kind, task.job))
             finally:
                 with self._cond:
-                    self._running = None
+                    self._running.remove(task)
 
-    def _run(self, task: _Task) -> Any:
-        engine = self.engine
+    def _run(self, engine: NanoEngine, task: _Task) -> Any:
         if task.kind == "voice":
             return engine.reference_codes(task.clip)
         job = task.job

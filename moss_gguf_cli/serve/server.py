@@ -21,7 +21,7 @@ from pathlib import Path
 import uvicorn
 
 from ..errors import UsageError
-from ..nano.engine import NanoEngine, NanoFolderConfig, is_nano_config
+from ..nano.engine import NanoEngine, NanoFolderConfig, engines_for, is_nano_config
 from ..tts import SynthConfig, Synthesizer
 from ..tts.engine import EngineSettings
 from .metrics import Metrics
@@ -124,17 +124,24 @@ def _load(settings: ServeSettings, config: SynthConfig) -> Service:
 
 
 def _load_nano(settings: ServeSettings, config: NanoFolderConfig) -> Service:
-    """A MOSS-TTS-Nano folder: one request at a time (serve/nano_worker.py); 48 kHz stereo."""
-    engine = NanoEngine(config)
+    """A MOSS-TTS-Nano folder (serve/nano_worker.py): --max-batch requests at once, at most
+    one a core, each on an engine of its own with the cores shared out (threads beyond the
+    cores spin against each other); 48 kHz stereo."""
+    width, threads = engines_for(settings.max_batch, config.n_threads)
+    engines: list[NanoEngine] = []
     try:
+        for _ in range(width):
+            engines.append(NanoEngine(config, n_threads=threads))
+        engine = engines[0]
         metrics = Metrics(lambda: scheduler.waiting, lambda: float(scheduler.busy),
-                          lambda: int(scheduler.busy), lambda: 1)  # fmt: skip
-        scheduler = NanoScheduler(engine, settings.max_queue, on_speech=metrics.observe_speech,
+                          lambda: scheduler.speaking, lambda: scheduler.batch_max)  # fmt: skip
+        scheduler = NanoScheduler(engines, settings.max_queue, on_speech=metrics.observe_speech,
                                   stall_s=settings.stall_timeout)  # fmt: skip
         voices = VoiceStore(settings.voices_dir, engine.nano.n_vq, settings.max_voices)
         created = int(config.global_gguf.stat().st_mtime)
     except BaseException:
-        engine.close()
+        for loaded in engines:
+            loaded.close()
         raise
     return Service(settings, scheduler, voices, metrics, VARIANT.lower(), engine.sample_rate,
                    created, out=StereoOut(engine.sample_rate, engine.channels),

@@ -126,6 +126,7 @@ class BackboneSettings:
     n_ctx: int = 4096
     n_batch: int = 512
     n_threads: int = 0  # 0: the physical cores
+    n_threads_batch: int | None = None  # a prompt's rows (None: n_threads)
     n_gpu_layers: int = -1
     kv_cache_type_k: str = "f16"
     kv_cache_type_v: str = "f16"
@@ -193,7 +194,8 @@ class Backbone:
         cparams.n_seq_max = n_seq
         cparams.kv_unified = False
         cparams.n_threads = threads
-        cparams.n_threads_batch = threads
+        cparams.n_threads_batch = (threads if settings.n_threads_batch is None else
+                                   settings.n_threads_batch or physical_cores())  # fmt: skip
         cparams.embeddings = True
         cparams.pooling_type = lc.LLAMA_POOLING_TYPE_NONE
         cparams.type_k = KV_TYPES[settings.kv_cache_type_k]
