@@ -224,3 +224,25 @@ def test_a_folder_can_speak_with_the_numpy_local_transformer(tiny_nano_folder, t
     bad = nano_yaml(tiny_nano_folder, "bad-local.yaml", local_type="Q2_K")
     done = synth(bad, "--text", TEXT, "-o", str(out))
     assert done.returncode == 2 and "local_type 'Q2_K' is not one of" in done.stderr.decode()
+
+
+def test_a_voices_shared_rows_are_kept_and_change_no_answer(engine, reference_wav):
+    """Every prompt of one voice begins alike up to its text: those rows' KV state is kept
+    and restored for the next prompt of the voice, and fed apart from the rest always, so an
+    answer is the same bytes whether the state was kept or made."""
+    codes = engine.reference_codes(reference_wav)
+    for reference in (None, codes):
+        a, shared = engine.prompt_parts(TEXT, reference)
+        b, again = engine.prompt_parts("Another text entirely.", reference)
+        assert shared == again and np.array_equal(a[:shared], b[:shared])
+        text = engine.tokenizer.encode(TEXT)  # the text starts there
+        assert a[shared : shared + len(text), 0].tolist() == text
+        engine._shared.clear()
+        first = np.concatenate(speak(engine, TEXT, reference, seed=8, min_new_tokens=6,
+                                     max_new_tokens=6)[1], axis=1)  # fmt: skip
+        assert len(engine._shared) == 1
+        speak(engine, "Another text entirely.", reference, seed=9, min_new_tokens=2,
+              max_new_tokens=2)  # fmt: skip
+        kept = np.concatenate(speak(engine, TEXT, reference, seed=8, min_new_tokens=6,
+                                    max_new_tokens=6)[1], axis=1)  # fmt: skip
+        assert len(engine._shared) == 1 and np.array_equal(first, kept)

@@ -11,6 +11,7 @@ yields the audio as it is decoded; collecting it gives the whole answer, the sam
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import threading
 import time
@@ -43,6 +44,7 @@ from .prompt import NanoTokenizer, pause_after, prompt_ids, prompt_rows, split_t
 from .settings import SETTING_KEYS, NanoSettings
 
 _HINT = "rerun `moss-gguf all` on the model"
+SHARED_KEPT = 8  # voices whose shared prompt rows are kept as KV state (~5-10 MB each)
 
 
 def is_nano_config(path: Path) -> bool:
@@ -191,6 +193,7 @@ class NanoEngine:
             n_ctx=n_ctx or config.n_ctx, n_batch=512, n_threads=threads or 0,
             n_threads_batch=0, n_gpu_layers=0, flash_attn="disabled"))  # fmt: skip
         self._row = np.empty(nano.hidden, np.float32)
+        self._shared: dict[bytes, Any] = {}  # a voice's shared prompt rows' KV state
         self.plan = DecodePlan()
 
     def close(self) -> None:
@@ -209,8 +212,33 @@ class NanoEngine:
 
     def prompt(self, text: str, reference: np.ndarray | None) -> np.ndarray:
         """TEXT's prompt rows (S, n_vq + 1), with REFERENCE codes or without."""
+        return self.prompt_parts(text, reference)[0]
+
+    def prompt_parts(self, text: str, reference: np.ndarray | None) -> tuple[np.ndarray, int]:
+        """TEXT's prompt rows and how many of them every prompt of this voice shares."""
         ids = prompt_ids(self.tokenizer, self.tokens, text, reference is not None)
-        return prompt_rows(ids, reference, self.tokens, self.nano.n_vq, self.nano.audio_pad)
+        rows = prompt_rows(ids, reference, self.tokens, self.nano.n_vq, self.nano.audio_pad)
+        frames = 0 if reference is None else reference.shape[0]
+        return rows, ids.shared_rows(frames)
+
+    def _prefill(self, rows: np.ndarray, shared: int) -> np.ndarray:
+        """The prompt fed: its SHARED rows from the kept state of an earlier prompt of the same
+        voice (or filled and kept now), then the rest. Fed in those two parts always, so an
+        answer's bits do not depend on what was asked before."""
+        embeds = self.embed(rows).astype(np.float32)
+        key = hashlib.sha256(rows[:shared].tobytes()).digest()
+        state = self._shared.pop(key, None)
+        self.backbone.reset()
+        if state is None:
+            self.backbone.fill(embeds[:shared])
+            state = self.backbone.save(0)
+        else:
+            self.backbone.load(0, state, shared)
+        self._shared[key] = state  # the most recent last
+        while len(self._shared) > SHARED_KEPT:
+            self._shared.pop(next(iter(self._shared)))
+        hidden, _ = self.backbone.prefill(embeds[shared:], logits=False)
+        return hidden
 
     def embed(self, rows: np.ndarray) -> np.ndarray:
         """(S, hidden) inputs: wte[text id] + Σ_q audio_embeddings_q[code] where not padded."""
@@ -224,14 +252,13 @@ class NanoEngine:
 
     # -- frames
 
-    def frames(self, rows: np.ndarray, settings: NanoSettings, sampler: Sampler,
+    def frames(self, rows: np.ndarray, shared: int, settings: NanoSettings, sampler: Sampler,
                chunk: ChunkResult, profile: NanoProfile) -> Iterator[np.ndarray]:  # fmt: skip
         """The frames (n_vq,) of one prompt, until the model stops or max_new_tokens."""
         slot = self.tokens["audio_assistant_slot_token_id"]
         n_vq, local = self.nano.n_vq, self.local
         t = time.perf_counter()
-        self.backbone.reset()
-        hidden, _ = self.backbone.prefill(self.embed(rows).astype(np.float32), logits=False)
+        hidden = self._prefill(rows, shared)
         profile.prefill_s += time.perf_counter() - t
         profile.prompt_rows += rows.shape[0]
         seen = np.zeros((n_vq, max(self.nano.codebook_sizes)), dtype=bool)
@@ -336,9 +363,10 @@ class NanoSpeech:
         last = len(self.texts) - 1
         for chunk in self.chunks:
             self.current = chunk.index
-            rows = engine.prompt(chunk.text, self.reference)
+            rows, shared = engine.prompt_parts(chunk.text, self.reference)
             decoder, pending, calls = engine.codec.stream(), [], 0
-            for codes in engine.frames(rows, self.settings, self.sampler, chunk, profile):
+            for codes in engine.frames(rows, shared, self.settings, self.sampler, chunk,
+                                       profile):  # fmt: skip
                 if self.on_frame is not None:
                     self.on_frame()
                 pending.append(codes)

@@ -77,6 +77,15 @@ class PromptIds:
 
     before: list[int]  # up to and including <audio_start> (reference) / the whole turn
     after: list[int]  # from <audio_end> to the final <audio_start>; empty without a reference
+    # how many of the text ids come before TEXT's own: with a reference, counted in `after`;
+    # without, in `before`. Every prompt of one voice begins alike up to there.
+    text_at: int = 0
+
+    def shared_rows(self, reference_frames: int) -> int:
+        """The rows every prompt of this voice shares: all up to the text's first."""
+        if self.after:
+            return len(self.before) + reference_frames + self.text_at
+        return self.text_at
 
 
 def prompt_ids(tok: NanoTokenizer, tokens: dict[str, int], text: str,
@@ -87,10 +96,12 @@ def prompt_ids(tok: NanoTokenizer, tokens: dict[str, int], text: str,
     head = [im_start, *tok.encode(ROLE_USER), *tok.encode(REFERENCE_HEAD)]
     tail = [*tok.encode(INST_END), im_end, *tok.encode(TURN_END), im_start,
             *tok.encode(ROLE_ASSISTANT), start]  # fmt: skip
-    body = [*tok.encode(AFTER_REFERENCE), *tok.encode(text)]
+    fields = tok.encode(AFTER_REFERENCE)
+    body = [*fields, *tok.encode(text)]
     if reference:
-        return PromptIds([*head, start], [end, *body, *tail])
-    return PromptIds([*head, *tok.encode(NO_REFERENCE), *body, *tail], [])
+        return PromptIds([*head, start], [end, *body, *tail], 1 + len(fields))
+    lead = [*head, *tok.encode(NO_REFERENCE)]
+    return PromptIds([*lead, *body, *tail], [], len(lead) + len(fields))
 
 
 def prompt_rows(ids: PromptIds, reference: np.ndarray | None, tokens: dict[str, int],
