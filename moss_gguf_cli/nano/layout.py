@@ -33,6 +33,7 @@ import numpy as np
 from ..tts.config import FAMILY_KEY, NANO_FAMILY
 from .checkpoint import NanoCheckpoint, block_shapes
 from .config import NanoConfig
+from .local import DEFAULT_LOCAL_TYPE
 from .settings import DEFAULT_N_CTX, NanoSettings
 
 FORMAT = NANO_FAMILY
@@ -106,5 +107,6 @@ def synth_config(checkpoint: NanoCheckpoint, gguf: str, codec: str | None) -> di
         # how it speaks (nano/settings.py): upstream's running defaults, editable here
         "n_ctx": DEFAULT_N_CTX,
         "n_threads": 0,
+        "local_type": DEFAULT_LOCAL_TYPE,  # the local transformer at run time (nano/local.py)
         **dataclasses.asdict(NanoSettings()),
     }
