@@ -8,7 +8,8 @@ the built-in tiny models, offline. Each step prints one line with its time; the 
 prints what the command said and exits 1.
 
 Every extra: `import torch` fails; `moss-gguf --help` and every command's `--help`;
-`all --model builtin:tiny` (no --audio-tokenizer), `verify`, `synth`; `verify --deep` is one
+`all --model builtin:tiny` (no --audio-tokenizer), `verify`, `synth`, builtin:tiny-nano made
+and spoken (`all`, `synth`: 48 kHz stereo); `verify --deep` is one
 line naming the torch extra, and, without the serve extra, `serve` one line naming it.
 serve: `serve` started, one request to /v1/audio/speech answered with a WAV, stopped.
 gguf-tokenizer: the first-class files of builtin:tiny (F16 and Q8_0, the fork's bytes: the
@@ -161,6 +162,19 @@ def bare_first_class(work: Path, codec: Path) -> None:
         speaks(out / "moss-tts.yaml", work / f"from-bare-{file_type}.wav")
 
 
+def nano_speaks(work: Path) -> None:
+    """builtin:tiny-nano made and spoken: 2.0 s of 48 kHz stereo (the stop masked)."""
+    folder = work / "weights-nano"
+    moss("all", "--model", "builtin:tiny-nano", "--output", str(folder), "-q")
+    wav = work / "nano.wav"
+    moss("synth", "--config", str(folder / "moss-tts-nano.yaml"), "--text", "Hello, 你好",
+         "--min-new-tokens", "25", "--max-new-tokens", "25", "--output", str(wav), "-q")
+    with wave.open(str(wav)) as w:
+        got = (w.getnframes(), w.getframerate(), w.getnchannels())
+    if got != (96_000, 48_000, 2):
+        raise Failed(f"{wav}: {got[0]} frames at {got[1]} Hz, {got[2]} channel(s)")
+
+
 def steps(extra: str, work: Path) -> list[tuple[str, str, object, tuple]]:
     """(key, what it checks, function, arguments) for EXTRA, in order."""
     weights = work / "weights-demo"
@@ -174,6 +188,7 @@ def steps(extra: str, work: Path) -> list[tuple[str, str, object, tuple]]:
         ("synth", "synth", speaks, (config, work / "demo.wav")),
         ("deep", "verify --deep: one line naming the torch extra", one_line,
          ("moss-gguf[torch]", "verify", str(weights), "--deep", "--source", "builtin:tiny")),
+        ("nano", "MOSS-TTS-Nano: all --model builtin:tiny-nano, synth", nano_speaks, (work,)),
     ]  # fmt: skip
     if extra == "serve":
         todo.append(("serve", "serve and one request", serve_once, (weights, work)))
