@@ -263,7 +263,17 @@ def test_an_adapter_for_another_base_is_refused_at_load(
     head = np.load(folder / "lm_heads" / "lm_head_audio_00.npy")
     np.save(folder / "lm_heads" / "lm_head_audio_00.npy", head * np.float16(1.5))
     err = one_line_error(synth(folder, tmp_path / "y.wav", "--lora", str(lora_ggufs["plain"])))
-    assert "weights differ" in err
+    assert "weights differ" in err and "lm_head_audio_00.npy" in err
+    # read back from a first-class file whose audio heads were quantized: the digest cannot
+    # match even for its own base, and the line says why rather than "weights differ"
+    import json
+
+    meta = json.loads((folder / "extraction_meta.json").read_text())
+    meta["first_class"] = {"file": "m.gguf", "tables": "dequantized", "table_types": {"Q8_0": 64},
+                           "dequantized": ["lm_head_audio_00"], "rounded": []}  # fmt: skip
+    (folder / "extraction_meta.json").write_text(json.dumps(meta))
+    err = one_line_error(synth(folder, tmp_path / "y.wav", "--lora", str(lora_ggufs["plain"])))
+    assert "quantized first-class GGUF" in err and "weights differ" not in err
     # llama.cpp's own converter's file names no base
     plain = llama_cpp_lora(llama_tree, adapters["plain"], tiny_extracted / "qwen3_backbone",
                            tmp_path / "theirs.gguf", "f32")  # fmt: skip
