@@ -126,7 +126,7 @@ def test_a_registered_voice_is_cloned(client, http, reference_wav):
 
 
 @pytest.mark.parametrize("field, value", [("language", "en"), ("instructions", "calm"),
-                                          ("voices", ["a"])])  # fmt: skip
+                                          ("voices", ["a"]), ("lora", {"a": 1.0})])  # fmt: skip
 def test_what_nano_does_not_take_is_a_400_naming_it(http, field, value):
     body = {"model": MODEL, "input": TEXT, field: value}
     reply = http.post("/v1/audio/speech", json=body)

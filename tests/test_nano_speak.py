@@ -16,9 +16,12 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import soundfile as sf
+from conftest import nano_yaml
 
 from moss_gguf_cli.nano.codec import DecodePlan
 from moss_gguf_cli.nano.engine import NanoEngine, NanoFolderConfig
+from moss_gguf_cli.nano.layout import local_files
+from moss_gguf_cli.nano.local import LlamaLocal, LocalTransformer, load_arrays
 from moss_gguf_cli.nano.prompt import pause_after, prompt_ids, split_text
 from moss_gguf_cli.nano.settings import NanoSettings
 from moss_gguf_cli.source.nano_codec import initial_state, next_state, open_nano_codec
@@ -189,3 +192,35 @@ def test_what_nano_does_not_take_is_refused_in_one_line(tiny_nano_folder, tmp_pa
     err = done.stderr.decode().strip()
     assert done.returncode == 2 and len(err.splitlines()) == 1 and words in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("file_type, bound", [("F32", 1e-3), ("Q8_0", 3e-2)])
+def test_the_local_transformer_in_llama_cpp_is_the_numpy_one(engine, file_type, bound):
+    """The local transformer built into llama.cpp when the engine loads (nano/local.py) against
+    the NumPy reference on the same arrays, over a frame's 17 positions (F32: llama.cpp's own
+    GELU table; Q8_0: the weights' rounding)."""
+    nano = engine.nano
+    arrays = load_arrays(engine.config.folder, list(local_files(nano)))
+    arrays = {Path(k).name[: -len(".npy")]: v for k, v in arrays.items()}
+    numpy_local = LocalTransformer(arrays, nano.dims, nano.local_layers, nano.n_vq + 1)
+    llama_local = LlamaLocal(arrays, nano.dims, nano.local_layers, nano.n_vq + 1, file_type)
+    inputs = np.random.default_rng(0).standard_normal((nano.n_vq + 1, nano.hidden), np.float32)
+    try:
+        want = np.stack([numpy_local.step(x).copy() for x in inputs])
+        got = np.stack([llama_local.step(x).copy() for x in inputs])
+        llama_local.reset()
+        again = np.stack([llama_local.step(x).copy() for x in inputs])
+    finally:
+        llama_local.close()
+    assert np.array_equal(got, again)  # reset forgets the frame
+    assert np.abs(got - want).max() / np.abs(want).max() < bound
+
+
+def test_a_folder_can_speak_with_the_numpy_local_transformer(tiny_nano_folder, tmp_path):
+    config = nano_yaml(tiny_nano_folder, "numpy-local.yaml", local_type="numpy")
+    out = tmp_path / "n.wav"
+    done = synth(config, "--text", TEXT, *FIXED, "-o", str(out))
+    assert done.returncode == 0 and sf.info(str(out)).frames == 96_000, done.stderr.decode()
+    bad = nano_yaml(tiny_nano_folder, "bad-local.yaml", local_type="Q2_K")
+    done = synth(bad, "--text", TEXT, "-o", str(out))
+    assert done.returncode == 2 and "local_type 'Q2_K' is not one of" in done.stderr.decode()

@@ -159,3 +159,25 @@ def test_settings_that_leave_nothing_to_sample_name_themselves():
     with pytest.raises(NumericError) as caught:
         Sampler(SamplingParams(), SamplingParams(), seed=0).text(broken)
     assert not isinstance(caught.value, InputError)
+
+
+def test_sample_one_is_sample_rows_for_one_row():
+    """The one-row path MOSS-TTS-Nano samples with picks what sample_rows picks, for the same
+    logits and generator state: penalties, ties, greedy, top-k, top-p."""
+    from moss_gguf_cli.tts.sampling import sample_one
+
+    source = np.random.default_rng(5)
+    for trial in range(600):
+        vocab = int(source.integers(2, 1100))
+        logits = (source.standard_normal(vocab) * 3).astype(np.float32)
+        if trial % 7 == 0:
+            logits[source.integers(0, vocab, 5)] = logits.max()  # ties, broken by id
+        seen = source.random(vocab) < 0.1
+        params = SamplingParams(float(source.choice([0.0, 0.8, 1.5])),
+                                float(source.choice([1.0, 0.95, 0.5])),
+                                int(source.choice([0, 1, 25, 50])),
+                                float(source.choice([1.0, 1.2])))  # fmt: skip
+        seed = int(source.integers(0, 1000))
+        one = sample_one(logits.copy(), params, np.random.default_rng(seed), seen)
+        rows = sample_rows(logits.copy()[None], params, np.random.default_rng(seed), seen[None])
+        assert one == int(rows[0]), (trial, params)

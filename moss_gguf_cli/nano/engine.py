@@ -30,7 +30,13 @@ from ..tts.sampling import Sampler, SamplingParams
 from .codec import DecodePlan, NanoCodecRuntime
 from .config import NanoConfig
 from .layout import local_files, table_files
-from .local import LocalTransformer, load_arrays
+from .local import (
+    DEFAULT_LOCAL_TYPE,
+    LOCAL_TYPES,
+    LlamaLocal,
+    LocalTransformer,
+    load_arrays,
+)
 from .prompt import NanoTokenizer, pause_after, prompt_ids, prompt_rows, split_text
 from .settings import SETTING_KEYS, NanoSettings
 
@@ -60,6 +66,7 @@ class NanoFolderConfig:
     settings: NanoSettings
     n_ctx: int = 2048
     n_threads: int = 0  # 0: the physical cores
+    local_type: str = DEFAULT_LOCAL_TYPE  # the local transformer's form (nano/local.py)
 
     @classmethod
     def from_yaml(cls, path: Path) -> NanoFolderConfig:
@@ -99,8 +106,13 @@ class NanoFolderConfig:
         except (TypeError, ValueError) as exc:
             raise InputError(f"a sampling value has the wrong type ({exc})", path=path) from None
         codec = inside("audio_tokenizer_dir") if data.get("audio_tokenizer_dir") else None
+        local_type = str(data.get("local_type") or DEFAULT_LOCAL_TYPE)
+        if local_type not in LOCAL_TYPES:
+            raise InputError(f"local_type {local_type!r} is not one of {', '.join(LOCAL_TYPES)}",
+                             path=path)  # fmt: skip
         return cls(folder, inside("global_gguf"), inside("tokenizer"), codec, nano, settings,
-                   int(data.get("n_ctx") or 2048), int(data.get("n_threads") or 0))  # fmt: skip
+                   int(data.get("n_ctx") or 2048), int(data.get("n_threads") or 0),
+                   local_type)  # fmt: skip
 
 
 @dataclass
@@ -149,7 +161,14 @@ class NanoEngine:
         self.audio = [tables[n] for n in names[1:]]
         local = load_arrays(folder, list(local_files(nano)))
         local = {Path(k).name[: -len(".npy")]: v for k, v in local.items()}
-        self.local = LocalTransformer(local, nano.dims, nano.local_layers, nano.n_vq + 1)
+        positions = nano.n_vq + 1
+        if config.local_type == "numpy":
+            self.local = LocalTransformer(local, nano.dims, nano.local_layers, positions)
+        else:
+            # one thread: a local step is ~0.5 ms of work, less than what waking a second
+            # thread for each of its ops costs (docs/nano.md, "Speed")
+            self.local = LlamaLocal(local, nano.dims, nano.local_layers, positions,
+                                    config.local_type, threads=1)  # fmt: skip
         slot, end = self.tokens["audio_assistant_slot_token_id"], self.tokens["audio_end_token_id"]
         self._decision = np.ascontiguousarray(self.wte[[slot, end]])  # continue vs stop rows
         self.tokenizer = NanoTokenizer(config.tokenizer)
@@ -164,6 +183,8 @@ class NanoEngine:
 
     def close(self) -> None:
         self.backbone.close()
+        if isinstance(self.local, LlamaLocal):
+            self.local.close()
 
     # -- prompts
 
@@ -209,7 +230,7 @@ class NanoEngine:
             np.dot(self._decision, local.step(hidden), out=decision)
             if f < settings.min_new_tokens:
                 decision[1] = -np.inf
-            if sampler.text(decision) == 1:
+            if sampler.one("text", decision) == 1:
                 chunk.ended = "stop"
                 profile.local_s += time.perf_counter() - t
                 return
@@ -217,7 +238,7 @@ class NanoEngine:
             x = self.wte[slot]
             for k in range(n_vq):
                 logits = self.audio[k] @ local.step(x)
-                code = int(sampler.audio(logits[None], seen[k : k + 1, : logits.shape[0]])[0])
+                code = sampler.one("audio", logits, seen[k, : logits.shape[0]])
                 codes[k], seen[k, code] = code, True
                 x = self.audio[k][code]
             profile.local_s += time.perf_counter() - t
@@ -271,6 +292,14 @@ class NanoSpeech:
         return sum(c.frames for c in self.chunks)
 
     def __iter__(self) -> Iterator[np.ndarray]:
+        from threadpoolctl import threadpool_limits
+
+        # the heads' matrix-vector products are too small to share: NumPy's BLAS threads
+        # would only spin against llama.cpp's (nano/local.py's figures)
+        with threadpool_limits(limits=1, user_api="blas"):
+            yield from self._pieces()
+
+    def _pieces(self) -> Iterator[np.ndarray]:
         engine, plan, profile = self.engine, self.engine.plan, self.profile
         last = len(self.texts) - 1
         for chunk in self.chunks:

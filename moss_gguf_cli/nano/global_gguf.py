@@ -21,6 +21,7 @@ and inputs go in as embeddings.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ import numpy as np
 
 from ..errors import InputError
 from .checkpoint import NanoCheckpoint
+from .config import TransformerDims
 
 ARCH = "starcoder2"
 
@@ -95,21 +97,36 @@ def write_global_f32(checkpoint: NanoCheckpoint, path: Path) -> Path:
             "context length",
             path=checkpoint.root / "config.json",
         )
+    tensors = ((t.name, global_array(checkpoint, t)) for t in plan_global_tensors(dims.layers))
+    return write_starcoder2_f32(path, dims, dims.layers, dims.context, dims.vocab, tensors)
+
+
+def write_starcoder2_f32(
+    path: Path,
+    dims: TransformerDims,
+    layers: int,
+    context: int,
+    vocab: int,
+    tensors: Iterable[tuple[str, np.ndarray]],
+) -> Path:
+    """An F32 starcoder2 GGUF of LAYERS of Nano's blocks at PATH: its keys from DIMS, then
+    TENSORS (GGUF name, float32 values) in the order given. No vocabulary: inputs go in as
+    embeddings."""
     writer = gguf.GGUFWriter(str(path), ARCH)
-    writer.add_context_length(dims.context)
+    writer.add_context_length(context)
     writer.add_embedding_length(dims.hidden)
     writer.add_feed_forward_length(dims.inner)
-    writer.add_block_count(dims.layers)
+    writer.add_block_count(layers)
     writer.add_head_count(dims.heads)
     writer.add_head_count_kv(dims.heads)
     writer.add_layer_norm_eps(dims.eps)
     writer.add_rope_freq_base(dims.rope_base)
     writer.add_rope_dimension_count(dims.head_dim)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_vocab_size(dims.vocab)
+    writer.add_vocab_size(vocab)
     writer.add_tokenizer_model("no_vocab")
-    for tensor in plan_global_tensors(dims.layers):
-        writer.add_tensor(tensor.name, global_array(checkpoint, tensor))
+    for name, values in tensors:
+        writer.add_tensor(name, values)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

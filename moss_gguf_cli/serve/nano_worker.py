@@ -98,6 +98,7 @@ class _EngineView:
                              engine.frame_samples)  # fmt: skip
         self.engine = self  # metrics read tts.engine.active
         self.active: list[Any] = []
+        self.adapters: dict[str, Any] = {}  # no LoRA adapters: /v1/models lists none
 
     def close(self) -> None:
         self._engine.close()

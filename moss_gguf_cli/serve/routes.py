@@ -129,7 +129,7 @@ class Service:
 
     def nano_job(self, body: SpeechRequest) -> SpeechJob:
         """A MOSS-TTS-Nano request: the text, a stored voice or the model's own, sampling."""
-        for name in ("instructions", "language", "voices"):
+        for name in ("instructions", "language", "voices", "lora"):
             if getattr(body, name) is not None:
                 raise ApiError(400, f"{name} is not taken by MOSS-TTS-Nano; leave it out",
                                param=name, code="unsupported_value")  # fmt: skip

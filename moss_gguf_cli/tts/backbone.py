@@ -134,6 +134,10 @@ class BackboneSettings:
     # llama.cpp's repacked CPU weights ("extra buffer types": Q4_K interleaved 8 rows at a
     # time on AVX2): faster n-row kernels, but a row's bits then depend on the batch width
     repack: bool = True
+    use_mmap: bool = True  # False: the weights are read into memory (the file may then go)
+    # stop the graph at the hidden state when no logits are wanted (ggml's eval callback: a
+    # Python call per graph node); False for a model whose head costs less than those calls
+    skip_head: bool = True
 
 
 class Backbone:
@@ -162,6 +166,7 @@ class Backbone:
         mparams = lc.llama_model_default_params()
         mparams.n_gpu_layers = settings.n_gpu_layers
         mparams.use_extra_bufts = settings.repack
+        mparams.use_mmap = settings.use_mmap
         self._model = lc.llama_model_load_from_file(str(gguf).encode(), mparams)
         if not self._model:
             raise InputError(
@@ -197,9 +202,10 @@ class Backbone:
         cparams.no_perf = True
         self._full_logits = True  # what the next decode computes (see `_on_node`)
         self.head_skipped = False  # whether the last decode stopped before the text head
-        self._eval_hook = lc.ggml_backend_sched_eval_callback(self._on_node)
-        cparams.cb_eval = self._eval_hook
-        cparams.cb_eval_user_data = None
+        if settings.skip_head:
+            self._eval_hook = lc.ggml_backend_sched_eval_callback(self._on_node)
+            cparams.cb_eval = self._eval_hook
+            cparams.cb_eval_user_data = None
         self._ctx = lc.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             raise ToolError(

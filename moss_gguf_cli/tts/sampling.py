@@ -133,6 +133,49 @@ def sample_rows(
     return ids[np.arange(len(ids)), picks]
 
 
+def sample_one(
+    logits: np.ndarray,
+    params: SamplingParams,
+    rng: np.random.Generator,
+    seen: np.ndarray | None = None,
+) -> int:
+    """`sample_rows` for one 1-D row, the same token for the same logits and generator state,
+    with a tenth of its NumPy calls (a MOSS-TTS-Nano frame samples 16 of these one after
+    another). LOGITS is modified in place (penalty)."""
+    if seen is not None and params.repetition_penalty != 1.0:
+        finite = bool(np.isfinite(logits).any())
+        apply_repetition_penalty(logits, seen, params.repetition_penalty)
+        if finite and not np.isfinite(logits).any():
+            raise SamplingError("repetition_penalty", params.repetition_penalty)
+    if params.greedy:
+        return int(np.argmax(logits))
+    vocab = logits.shape[0]
+    k = params.top_k if 0 < params.top_k < vocab else vocab
+    if k < vocab:
+        ids = np.argpartition(logits, vocab - k)[vocab - k :]
+        ids.sort()
+    else:
+        ids = np.arange(vocab)
+    values = logits[ids].astype(np.float64)
+    order = np.argsort(-values, kind="stable")
+    ids = ids[order]
+    with np.errstate(over="ignore"):
+        values = values[order] / params.temperature
+    top = values[0]
+    if not np.isfinite(top):
+        if np.isfinite(logits).any():
+            raise SamplingError("temperature", params.temperature)
+        raise NumericError("every candidate logit is -inf or NaN",
+                           hint="the backbone output is broken")  # fmt: skip
+    probs = np.exp(values - top)
+    probs /= probs.sum()
+    if params.top_p < 1.0:
+        probs[np.cumsum(probs) - probs >= params.top_p] = 0.0
+    cumulative = np.cumsum(probs)
+    draw = rng.random() * cumulative[-1]
+    return int(ids[min(int((cumulative <= draw).sum()), ids.shape[0] - 1)])
+
+
 def sample_token(
     logits: np.ndarray,
     params: SamplingParams,
@@ -157,6 +200,14 @@ class Sampler:
             return sample_token(logits, self.text_params, self.rng)
         except SamplingError as exc:
             raise exc.named("text_") from None
+
+    def one(self, kind: str, logits: np.ndarray, seen: np.ndarray | None = None) -> int:
+        """One token of a 1-D row with the KIND ("text" or "audio") settings (sample_one)."""
+        params = self.text_params if kind == "text" else self.audio_params
+        try:
+            return sample_one(logits, params, self.rng, seen)
+        except SamplingError as exc:
+            raise exc.named(f"{kind}_") from None
 
     def audio(self, logits: np.ndarray, seen: np.ndarray | None = None) -> np.ndarray:
         try:
