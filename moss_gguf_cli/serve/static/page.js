@@ -190,8 +190,10 @@
     // the request's `lora` field: {NAME: scale}, or nothing when no adapter is picked
     const name = $("lora").disabled ? "" : $("lora").value;
     if (!name) return null;
-    const scale = Number($("lora-scale").value);
-    if (!$("lora-scale").checkValidity() || !Number.isFinite(scale)) {
+    // the form refuses an off-range or off-step value before this; a backstop for the rest
+    const text = $("lora-scale").value.trim();
+    const scale = Number(text);
+    if (!text || !Number.isFinite(scale) || Math.abs(scale) > 16) {
       throw new Error("the adapter scale must be a number from -16 to 16");
     }
     return { [name]: scale };
