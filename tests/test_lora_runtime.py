@@ -159,6 +159,34 @@ def test_heads_tables_and_bad_input_are_refused_in_one_line(adapters, tmp_path):
     assert not out.exists() and not list(tmp_path.glob(".x.gguf*"))
 
 
+def test_an_adapter_naming_another_base_needs_force_base(adapters, tiny_model, tmp_path):
+    """The base in adapter_config.json against --base (a Hub id, so known): refused naming
+    --force-base, which converts it with a warning, the file naming --base as its base."""
+    import json
+
+    from test_hub_weights import add_repo, files_of, run
+
+    cache = tmp_path / "hub"
+    add_repo(cache, "OpenMOSS-Team/MOSS-TTS", files_of(tiny_model))
+    adapter = tmp_path / "v15"
+    shutil.copytree(adapters["moss-plain"], adapter)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = "OpenMOSS-Team/MOSS-TTS-v1.5"
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    out = tmp_path / "v15.gguf"
+    common = ("convert", str(adapter), "--format", "lora", "--base", "OpenMOSS-Team/MOSS-TTS",
+              "--outfile", str(out))  # fmt: skip
+    err = one_line_error(run(*common, cache=cache))
+    assert "MOSS-TTS-v1.5" in err and "--force-base" in err and not out.exists()
+    forced = run(*common, "--force-base", cache=cache)
+    assert forced.returncode == 0, forced.stderr[-2000:]
+    assert "--force-base" in forced.stderr
+    named = gguf.GGUFReader(out).fields["adapter.moss_gguf.base.model"].contents()
+    assert named.startswith("OpenMOSS-Team/MOSS-TTS@")
+    assert "--format lora" in one_line_error(cli("convert", str(adapter), "--outfile",
+                                                 str(tmp_path / "b.gguf"), "--force-base"))
+
+
 # ----------------------------------------------------------------------------- synth
 
 
@@ -235,7 +263,17 @@ def test_an_adapter_for_another_base_is_refused_at_load(
     head = np.load(folder / "lm_heads" / "lm_head_audio_00.npy")
     np.save(folder / "lm_heads" / "lm_head_audio_00.npy", head * np.float16(1.5))
     err = one_line_error(synth(folder, tmp_path / "y.wav", "--lora", str(lora_ggufs["plain"])))
-    assert "weights differ" in err
+    assert "weights differ" in err and "lm_head_audio_00.npy" in err
+    # read back from a first-class file whose audio heads were quantized: the digest cannot
+    # match even for its own base, and the line says why rather than "weights differ"
+    import json
+
+    meta = json.loads((folder / "extraction_meta.json").read_text())
+    meta["first_class"] = {"file": "m.gguf", "tables": "dequantized", "table_types": {"Q8_0": 64},
+                           "dequantized": ["lm_head_audio_00"], "rounded": []}  # fmt: skip
+    (folder / "extraction_meta.json").write_text(json.dumps(meta))
+    err = one_line_error(synth(folder, tmp_path / "y.wav", "--lora", str(lora_ggufs["plain"])))
+    assert "quantized first-class GGUF" in err and "weights differ" not in err
     # llama.cpp's own converter's file names no base
     plain = llama_cpp_lora(llama_tree, adapters["plain"], tiny_extracted / "qwen3_backbone",
                            tmp_path / "theirs.gguf", "f32")  # fmt: skip

@@ -355,6 +355,89 @@ def test_every_control_is_labelled_and_the_page_fits_a_phone(page):
         page.set_window_size(1000, 1400)
 
 
+def test_no_adapter_picker_on_a_server_without_adapters(page, http):
+    assert http.get("/v1/models").json()["data"][0]["lora"] == []
+    for testid in ("lora", "lora-scale"):
+        assert not by_id(page, testid).is_displayed() and not by_id(page, testid).is_enabled()
+
+
+def sent_speech_bodies(driver) -> list[dict]:
+    """The JSON bodies of the speech requests the browser sent since the log was last read."""
+    bodies = []
+    for entry in driver.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        request = message.get("params", {}).get("request", {})
+        if message["method"] == "Network.requestWillBeSent" and \
+                request.get("url", "").endswith("/v1/audio/speech"):  # fmt: skip
+            bodies.append(json.loads(request["postData"]))
+    return bodies
+
+
+def player_sha256(driver) -> str:
+    # the player's blob read in the page (a fetch of its blob: URL is outside connect-src)
+    return driver.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "window.mossPage.state.audioBlob.arrayBuffer()"
+        ".then((b) => crypto.subtle.digest('SHA-256', b))"
+        ".then((d) => done([...new Uint8Array(d)]"
+        ".map((x) => x.toString(16).padStart(2, '0')).join('')));"
+    )
+
+
+def test_the_adapter_picker_sends_the_servers_adapters(browser, tiny_weights, tiny_extracted,
+                                                       tmp_path):  # fmt: skip
+    """A server started with `--lora a=FILE`: the page offers `a` (and none), sends
+    `"lora": {"a": scale}` with the speech request, and under greedy sampling the adapter's
+    audio differs from none's, while none again repeats none's bytes."""
+    from test_lora import as_moss
+    from test_lora_runtime import convert_lora, peft_adapter
+
+    adapter = as_moss(peft_adapter(tiny_extracted, tmp_path / "peft", 11), tmp_path / "moss")
+    lora = tmp_path / "a.gguf"
+    done = convert_lora(adapter, lora)
+    assert done.returncode == 0, done.stderr[-2000:]
+    # greedy: the audio is a function of the adapter set alone
+    config = write_yaml(tiny_weights / "page-lora-moss-tts.yaml",
+                        **{**TINY_SYNTH_YAML, "text_temperature": 0, "audio_temperature": 0})
+    srv = start_serve(config, tmp_path / "s.log", "--voices", str(tmp_path / "voices"),
+                      "--lora", f"a={lora}")  # fmt: skip
+    try:
+        browser.get(srv.url + "/")
+        wait(browser, lambda d: status(d).startswith("Ready"))
+        picker, scale = Select(by_id(browser, "lora")), by_id(browser, "lora-scale")
+        assert by_id(browser, "lora").is_displayed() and scale.is_displayed()
+        assert [o.get_attribute("value") for o in picker.options] == ["", "a"]
+        assert picker.first_selected_option.text == "none" and not scale.is_enabled()
+        text = by_id(browser, "text")
+        text.clear()
+        text.send_keys("Hei")
+        browser.get_log("performance")  # what the page load sent is not read below
+
+        def speak(name: str, value: str = "1") -> str:
+            picker.select_by_value(name)
+            if name:
+                scale.clear()
+                scale.send_keys(value)
+            before = browser.execute_script("return window.mossPage.runs.length")
+            speak_button_click(browser)
+            # a new run, not the last one again (a value the form refuses sends nothing)
+            wait(browser, lambda d: d.execute_script("return window.mossPage.runs.length")
+                 > before)  # fmt: skip
+            run = last_run(browser)
+            assert run["error"] is None, run["error"]
+            return player_sha256(browser)
+
+        none = speak("")
+        with_a = speak("a", "0.5")
+        again = speak("")
+        bodies = sent_speech_bodies(browser)
+        assert [b.get("lora") for b in bodies] == [None, {"a": 0.5}, None]
+        assert with_a != none and again == none
+        assert last_run(browser)["lora"] is None
+    finally:
+        assert srv.stop() == 0
+
+
 def test_the_key_is_remembered_by_the_browser(page, server):
     page.get(server.url + "/ui")
     wait(page, lambda d: status(d).startswith("Ready"))

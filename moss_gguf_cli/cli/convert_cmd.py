@@ -115,6 +115,11 @@ def convert_command(
             show_default=False,
         ),
     ] = None,
+    force_base: Annotated[
+        bool,
+        typer.Option(help="--format lora: convert an adapter whose base_model_name_or_path "
+                     "names another model than --base (warned)."),
+    ] = False,
     force: Force = False,
     quiet: Quiet = False,
     verbose: Verbose = False,
@@ -122,10 +127,11 @@ def convert_command(
     mode = OutputMode(quiet=quiet, verbose=verbose)
     setup_logging(mode)
     if fmt.strip().lower() == LORA_FORMAT:
-        _lora(input, base, outfile, outtype or "f32", force, mode)
+        _lora(input, base, outfile, outtype or "f32", force, force_base, mode)
         return
-    if base is not None:
-        raise UsageError("--base is for --format lora", hint="drop --base")
+    if base is not None or force_base:
+        flag = "--base" if base is not None else "--force-base"
+        raise UsageError(f"{flag} is for --format lora", hint=f"drop {flag}")
     outtype = outtype or "f16"
     if fmt.strip().lower() == CODEC_FORMAT:
         _codec(input, outfile, outtype, engine, force, mode)
@@ -193,11 +199,11 @@ def _codec(
     typer.echo(str(r.decoder))
 
 
-def _lora(
-    input: str, base: str | None, outfile: Path, outtype: str, force: bool, mode: OutputMode
-) -> None:
+def _lora(input: str, base: str | None, outfile: Path, outtype: str, force: bool,
+          force_base: bool, mode: OutputMode) -> None:  # fmt: skip
     with progress_for(mode) as bar:
-        r = convert_lora(input, base, outfile, outtype, force=force, progress=bar)
+        r = convert_lora(input, base, outfile, outtype, force=force, force_base=force_base,
+                         progress=bar)  # fmt: skip
     for note in r.notes:
         info(mode, note)
     info(

@@ -48,8 +48,9 @@ def model_name(model: str, model_dir: Path) -> str:
 
 def convert_lora(adapter: str, base: str | None, outfile: Path, outtype: str = "f32",
                  force: bool = False, progress: ProgressReporter | None = None,
-                 ) -> LoraConvertResult:  # fmt: skip
-    """ADAPTER (a PEFT folder or Hub id) as an adapter GGUF at OUTFILE for BASE."""
+                 force_base: bool = False) -> LoraConvertResult:  # fmt: skip
+    """ADAPTER (a PEFT folder or Hub id) as an adapter GGUF at OUTFILE for BASE; FORCE_BASE
+    converts one whose config names another base (warned, as `all --force-base` merges)."""
     started = time.perf_counter()
     if not base:
         raise UsageError("--format lora needs --base MODEL: the MOSS checkpoint the adapter "
@@ -64,9 +65,14 @@ def convert_lora(adapter: str, base: str | None, outfile: Path, outtype: str = "
     model_dir = resolve_model(base, progress=progress)
     ident = source_identity(base, model_dir)
     mismatch = base_mismatch(opened, ident)
+    if mismatch and not force_base:
+        raise InputError(f"{mismatch}: an adapter for another base",
+                         path=opened.folder / "adapter_config.json",
+                         hint="give the base it was trained on as --base, or pass "
+                         "--force-base")  # fmt: skip
     if mismatch:
-        raise InputError(mismatch, path=opened.folder / "adapter_config.json",
-                         hint="give the base it was trained on as --base")  # fmt: skip
+        # the file then names --base as its base: synth and serve check against that
+        log.warning("converting %s although it %s (--force-base)", adapter, mismatch)
     ck = open_checkpoint(model_dir)
     plan = plan_adapter_gguf(ck, opened, model_name(base, model_dir))
     for note in plan.notes:

@@ -120,11 +120,35 @@ def check_adapter(path: Path, backbone_gguf: Path, lm_head_dir: Path, n_vq: int,
         raise InputError(f"was made for {ident.model}; this folder was made from {folder}",
                          path=path, hint="convert it with this model as --base")  # fmt: skip
     table = np.load(lm_head_dir / DIGEST_TABLE, mmap_mode="r")
-    if table_digest(table) != ident.digest:
-        raise InputError(f"was made for {made_for}, whose weights differ from this folder's "
-                         f"({lm_head_dir / DIGEST_TABLE})", path=path,
-                         hint="use it with the base it was made for, or convert the adapter "
-                         "with this model as --base")  # fmt: skip
+    if table_digest(table) == ident.digest:
+        return
+    compared = f"the sha256 of {lm_head_dir / DIGEST_TABLE} against the file's base.digest"
+    stored = _first_class_type(lm_head_dir)
+    if stored:
+        # a folder read back from a first-class GGUF whose audio head was not stored in f16:
+        # its table is not the checkpoint's f16 rounding, so the digest can say nothing
+        raise InputError(f"cannot be checked against this folder: its first audio head was "
+                         f"read back from a {stored} first-class GGUF (extraction_meta.json), "
+                         f"so {compared} cannot match even for its own base", path=path,
+                         hint="use a folder made from the checkpoint (moss-gguf all --model "
+                         "CHECKPOINT), or a first-class file with F16 audio heads")  # fmt: skip
+    raise InputError(f"was made for {made_for}, whose weights differ from this folder's "
+                     f"({compared})", path=path,
+                     hint="use it with the base it was made for, or convert the adapter "
+                     "with this model as --base")  # fmt: skip
+
+
+def _first_class_type(lm_head_dir: Path) -> str:
+    """The type the folder's digest table had in the first-class GGUF it was read back from,
+    when that was not F16 (extraction_meta.json's first_class); "" otherwise."""
+    try:
+        made = json.loads((lm_head_dir.parent / "extraction_meta.json").read_text())["first_class"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    stem = DIGEST_TABLE.removesuffix(".npy")
+    if stem in (made.get("dequantized") or []):
+        return "quantized"
+    return "non-F16" if stem in (made.get("rounded") or []) else ""
 
 
 def load_adapters(backbone: Backbone, specs: tuple[LoraSpec, ...], lm_head_dir: Path,

@@ -11,7 +11,9 @@
   const $ = (id) => document.getElementById(id);
   const KEY_STORE = "moss-gguf.api-key";
   const LEAD_S = 0.05; // scheduling margin before the first streamed buffer
-  const state = { model: null, keyRequired: false, run: null, ctx: null, audioUrl: null };
+  const state = {
+    model: null, keyRequired: false, run: null, ctx: null, audioUrl: null, audioBlob: null,
+  };
   // timings of each Speak, for the curious (and the browser tests)
   const runs = [];
   window.mossPage = { runs, state };
@@ -103,6 +105,7 @@
     try {
       const models = await (await api("/v1/models")).json();
       state.model = models.data[0].id;
+      showAdapters(models.data[0].lora || []);
       await Promise.all([loadVoices(), loadLanguages()]);
       say(`Ready: model ${state.model}.`, "ok");
     } catch (err) {
@@ -164,6 +167,36 @@
     for (const name of names) if (name && name !== "auto") select.add(new Option(name, name));
     select.disabled = false;
     field.hidden = false;
+  }
+
+  function showAdapters(names) {
+    // the adapters `serve --lora NAME=FILE` loaded (GET /v1/models' `lora`); none: no picker
+    const select = $("lora");
+    const keep = select.value;
+    select.replaceChildren(new Option("none", ""));
+    for (const name of names) select.add(new Option(name, name));
+    select.value = names.includes(keep) ? keep : "";
+    select.disabled = !names.length;
+    $("lora-field").hidden = !names.length;
+    $("lora-scale-field").hidden = !names.length;
+    loraChosen();
+  }
+
+  function loraChosen() {
+    $("lora-scale").disabled = !$("lora").value; // a scale means nothing without an adapter
+  }
+
+  function loraField() {
+    // the request's `lora` field: {NAME: scale}, or nothing when no adapter is picked
+    const name = $("lora").disabled ? "" : $("lora").value;
+    if (!name) return null;
+    // the form refuses an off-range or off-step value before this; a backstop for the rest
+    const text = $("lora-scale").value.trim();
+    const scale = Number(text);
+    if (!text || !Number.isFinite(scale) || Math.abs(scale) > 16) {
+      throw new Error("the adapter scale must be a number from -16 to 16");
+    }
+    return { [name]: scale };
   }
 
   // ------------------------------------------------------------------ voices
@@ -247,6 +280,7 @@
 
   function setPlayerSource(blob) {
     if (state.audioUrl) URL.revokeObjectURL(state.audioUrl);
+    state.audioBlob = blob; // what the player holds, readable without a fetch (tests)
     state.audioUrl = URL.createObjectURL(blob);
     $("audio").src = state.audioUrl;
   }
@@ -456,6 +490,9 @@
     setBusy(true);
     say("Speaking…");
     try {
+      const lora = loraField();
+      if (lora) body.lora = lora;
+      run.lora = lora;
       await (streams ? streamSpeech(run, body) : wholeSpeech(run, body, format));
       const first = (run.firstSoundAt - run.startedAt) / 1000;
       const made = (run.responseEndAt - run.startedAt) / 1000;
@@ -496,6 +533,7 @@
 
   $("speak-form").addEventListener("submit", speak);
   $("stop").addEventListener("click", stopRun);
+  $("lora").addEventListener("change", loraChosen);
   $("voice-form").addEventListener("submit", addVoice);
   $("key-form").addEventListener("submit", saveKey);
   $("key-forget").addEventListener("click", forgetKey);
