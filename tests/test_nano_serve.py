@@ -142,3 +142,18 @@ def test_what_nano_does_not_take_is_a_400_naming_it(http, field, value):
 
 def test_no_languages_are_offered(http):
     assert http.get("/v1/audio/languages").status_code == 404
+
+
+def test_a_release_written_checkpoint_is_served_the_same_way(release_nano_folder, tmp_path):
+    """The second tiny checkpoint (torch.save's pytorch_model.bin, tied storage, bf16) served
+    to the openai client: 2.0 s of 48 kHz stereo, and pcm as OpenAI's (96,000 bytes)."""
+    srv = start_serve(release_nano_folder / "moss-tts-nano.yaml", tmp_path / "serve.log",
+                      "--api-key", KEY, "--voices", str(tmp_path / "voices"))  # fmt: skip
+    try:
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key=KEY, max_retries=0,
+                               timeout=TIMEOUT)  # fmt: skip
+        data, rate = sf.read(io.BytesIO(speak(client, "wav")), dtype="int16")
+        assert rate == 48_000 and data.shape == (96_000, 2)
+        assert len(speak(client, "pcm")) == 96_000
+    finally:
+        srv.stop()
