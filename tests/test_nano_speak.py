@@ -224,6 +224,10 @@ def test_a_folder_can_speak_with_the_numpy_local_transformer(tiny_nano_folder, t
     bad = nano_yaml(tiny_nano_folder, "bad-local.yaml", local_type="Q2_K")
     done = synth(bad, "--text", TEXT, "-o", str(out))
     assert done.returncode == 2 and "local_type 'Q2_K' is not one of" in done.stderr.decode()
+    bad = nano_yaml(tiny_nano_folder, "bad-ctx.yaml", n_ctx="lots")
+    done = synth(bad, "--text", TEXT, "-o", str(out))
+    err = done.stderr.decode().strip()
+    assert done.returncode == 2 and len(err.splitlines()) == 1 and "whole numbers" in err, err
 
 
 def test_a_voices_shared_rows_are_kept_and_change_no_answer(engine, reference_wav):

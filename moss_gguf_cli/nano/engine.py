@@ -114,9 +114,12 @@ class NanoFolderConfig:
         if local_type not in LOCAL_TYPES:
             raise InputError(f"local_type {local_type!r} is not one of {', '.join(LOCAL_TYPES)}",
                              path=path)  # fmt: skip
+        try:
+            n_ctx, n_threads = int(data.get("n_ctx") or 2048), int(data.get("n_threads") or 0)
+        except (TypeError, ValueError):
+            raise InputError("n_ctx and n_threads must be whole numbers", path=path) from None
         return cls(folder, inside("global_gguf"), inside("tokenizer"), codec, nano, settings,
-                   int(data.get("n_ctx") or 2048), int(data.get("n_threads") or 0),
-                   local_type)  # fmt: skip
+                   n_ctx, n_threads, local_type)  # fmt: skip
 
 
 def engines_for(at_once: int, n_threads: int = 0) -> tuple[int, int]:
