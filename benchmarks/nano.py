@@ -119,8 +119,9 @@ def engine_run(config: Path, frames: int) -> dict[str, float]:
             "codec_ms": p.decode_s * per}  # fmt: skip
 
 
-def serve(config: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "moss_gguf_cli", "serve", "--config", str(config), "--port", "0"]
+def serve(config: Path, log: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "moss_gguf_cli", "serve", "--config", str(config), "--port", "0",
+           *extra]  # fmt: skip
     out = open(log, "wb")  # noqa: SIM115 - the server writes it while it runs
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300

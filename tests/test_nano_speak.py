@@ -19,9 +19,11 @@ import soundfile as sf
 from conftest import nano_yaml
 
 from moss_gguf_cli.nano.codec import DecodePlan
+from moss_gguf_cli.nano.config import TransformerDims
 from moss_gguf_cli.nano.engine import NanoEngine, NanoFolderConfig
+from moss_gguf_cli.nano.ggml_local import GgmlLocal
 from moss_gguf_cli.nano.layout import local_files
-from moss_gguf_cli.nano.local import LlamaLocal, LocalTransformer, load_arrays
+from moss_gguf_cli.nano.local import NumpyLocal, load_arrays
 from moss_gguf_cli.nano.prompt import pause_after, prompt_ids, split_text
 from moss_gguf_cli.nano.settings import NanoSettings
 from moss_gguf_cli.source.nano_codec import initial_state, next_state, open_nano_codec
@@ -194,26 +196,56 @@ def test_what_nano_does_not_take_is_refused_in_one_line(tiny_nano_folder, tmp_pa
     assert not out.exists()
 
 
-@pytest.mark.parametrize("file_type, bound", [("F32", 1e-3), ("Q8_0", 3e-2)])
-def test_the_local_transformer_in_llama_cpp_is_the_numpy_one(engine, file_type, bound):
-    """The local transformer built into llama.cpp when the engine loads (nano/local.py) against
-    the NumPy reference on the same arrays, over a frame's 17 positions (F32: llama.cpp's own
-    GELU table; Q8_0: the weights' rounding)."""
-    nano = engine.nano
-    arrays = load_arrays(engine.config.folder, list(local_files(nano)))
-    arrays = {Path(k).name[: -len(".npy")]: v for k, v in arrays.items()}
-    numpy_local = LocalTransformer(arrays, nano.dims, nano.local_layers, nano.n_vq + 1)
-    llama_local = LlamaLocal(arrays, nano.dims, nano.local_layers, nano.n_vq + 1, file_type)
-    inputs = np.random.default_rng(0).standard_normal((nano.n_vq + 1, nano.hidden), np.float32)
+REAL_DIMS = TransformerDims(hidden=768, layers=1, heads=12, inner=3072, vocab=16384,
+                            context=None, eps=1e-5, rope_base=10000.0, activation="gelu_new")
+
+
+def _block_arrays(dims: TransformerDims, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A local block's arrays (nano/layout.local_files' names) of random values."""
+    h, inner = dims.hidden, dims.inner
+    shapes = {"ln_1": (h,), "ln_2": (h,), "attn.c_attn": (3 * h, h), "attn.c_proj": (h, h),
+              "mlp.fc_in": (inner, h), "mlp.fc_out": (h, inner)}  # fmt: skip
+    out = {}
+    for name, shape in shapes.items():
+        scale = 1.0 if len(shape) == 1 else 1.0 / np.sqrt(shape[1])
+        out[f"h.0.{name}.weight"] = (rng.standard_normal(shape) * scale).astype(np.float32)
+        out[f"h.0.{name}.bias"] = (0.1 * rng.standard_normal(shape[0])).astype(np.float32)
+    out["ln_f.weight"] = (1 + 0.1 * rng.standard_normal(h)).astype(np.float32)
+    out["ln_f.bias"] = (0.1 * rng.standard_normal(h)).astype(np.float32)
+    return out
+
+
+@pytest.mark.parametrize("shape", ["tiny", "real"])
+@pytest.mark.parametrize("file_type, bound", [("F32", 1e-3), ("F16", 3e-3), ("Q8_0", 3e-2)])
+def test_the_local_graphs_in_ggml_are_the_numpy_reference(engine, shape, file_type, bound):
+    """The local transformer and heads as ggml graphs (nano/ggml_local.py) against the NumPy
+    reference on the same arrays, over a frame's 17 positions, on the tiny folder's arrays and
+    at the release's dims (768 wide, 12 heads, 16 heads of 1024 codes): F32 differs by ggml's
+    GELU table only, F16 and Q8_0 by the weights' rounding; a second frame repeats the first."""
+    rng = np.random.default_rng(0)
+    if shape == "tiny":
+        nano, dims = engine.nano, engine.nano.dims
+        arrays = load_arrays(engine.config.folder, list(local_files(nano)))
+        arrays = {Path(k).name[: -len(".npy")]: v for k, v in arrays.items()}
+        heads = [np.ascontiguousarray(engine.wte[[1, 2]]), *engine.audio]
+    else:
+        dims = REAL_DIMS
+        arrays = _block_arrays(dims, rng)
+        heads = [rng.standard_normal((2 if p == 0 else 1024, dims.hidden), np.float32) * 0.05
+                 for p in range(17)]  # fmt: skip
+    reference = NumpyLocal(arrays, dims, 1, heads)
+    graphs = GgmlLocal(arrays, dims, 1, heads, file_type, threads=2)
+    inputs = rng.standard_normal((len(heads), dims.hidden), np.float32)
     try:
-        want = np.stack([numpy_local.step(x).copy() for x in inputs])
-        got = np.stack([llama_local.step(x).copy() for x in inputs])
-        llama_local.reset()
-        again = np.stack([llama_local.step(x).copy() for x in inputs])
+        want = [reference.head(p, x).copy() for p, x in enumerate(inputs)]
+        got = [graphs.head(p, x).copy() for p, x in enumerate(inputs)]
+        graphs.reset()
+        again = [graphs.head(p, x).copy() for p, x in enumerate(inputs)]
     finally:
-        llama_local.close()
-    assert np.array_equal(got, again)  # reset forgets the frame
-    assert np.abs(got - want).max() / np.abs(want).max() < bound
+        graphs.close()
+    assert all(np.array_equal(a, b) for a, b in zip(got, again, strict=True))
+    worst = max(np.abs(g - w).max() / np.abs(w).max() for g, w in zip(got, want, strict=True))
+    assert worst < bound, worst
 
 
 def test_a_folder_can_speak_with_the_numpy_local_transformer(tiny_nano_folder, tmp_path):

@@ -1,7 +1,8 @@
 """MOSS-TTS-Nano speaking: a Nano folder loaded, text in, 48 kHz stereo out (docs/nano.md).
 
 The global transformer runs in llama.cpp (tts/backbone.Backbone on the folder's starcoder2
-GGUF, fed embeddings), the local transformer and heads in NumPy (nano/local.py), sampling with
+GGUF, fed embeddings), the local transformer and heads as one ggml graph a position
+(nano/ggml_local.py; NumPy's reference in nano/local.py), sampling with
 tts/sampling.py's rules at upstream's Nano defaults, the codec through decode_step
 (nano/codec.py). A text is split into chunks (nano/prompt.split_text), each spoken from its
 own prompt with the same reference codes, joined with upstream's pauses. `NanoEngine.speak`
@@ -32,14 +33,9 @@ from ..tts.config import FAMILY_KEY, NANO_FAMILY
 from ..tts.sampling import Sampler, SamplingParams
 from .codec import DecodePlan, NanoCodecRuntime
 from .config import NanoConfig
+from .ggml_local import GgmlLocal
 from .layout import local_files, table_files
-from .local import (
-    DEFAULT_LOCAL_TYPE,
-    LOCAL_TYPES,
-    LlamaLocal,
-    LocalTransformer,
-    load_arrays,
-)
+from .local import DEFAULT_LOCAL_TYPE, LOCAL_TYPES, NumpyLocal, load_arrays
 from .prompt import NanoTokenizer, pause_after, prompt_ids, prompt_rows, split_text
 from .settings import SETTING_KEYS, NanoSettings
 
@@ -124,11 +120,11 @@ class NanoFolderConfig:
 
 def engines_for(at_once: int, n_threads: int = 0) -> tuple[int, int]:
     """(engines, threads each) to speak AT_ONCE requests at a time: at most one engine a
-    physical core, the cores shared out among them unless N_THREADS says (threads beyond the
-    cores spin against each other in llama.cpp)."""
+    physical core (so that each request keeps at least a core's pace), each on every core
+    unless N_THREADS says: the engines take turns a frame at a time on one thread
+    (serve/nano_worker.py), so one computes at a time."""
     cores = physical_cores()
-    width = max(1, min(at_once, cores))
-    return width, n_threads or max(1, cores // width)
+    return max(1, min(at_once, cores)), n_threads or cores
 
 
 @dataclass
@@ -177,16 +173,17 @@ class NanoEngine:
         self.audio = [tables[n] for n in names[1:]]
         local = load_arrays(folder, list(local_files(nano)))
         local = {Path(k).name[: -len(".npy")]: v for k, v in local.items()}
-        positions = nano.n_vq + 1
-        if config.local_type == "numpy":
-            self.local = LocalTransformer(local, nano.dims, nano.local_layers, positions)
-        else:
-            # as many threads as the global transformer: on an idle 2-core machine a frame's
-            # 17 local steps take 8.9 ms on 2 threads, 12.5 on 1 (docs/nano.md, "Speed")
-            self.local = LlamaLocal(local, nano.dims, nano.local_layers, positions,
-                                    config.local_type, threads=threads or 0)  # fmt: skip
         slot, end = self.tokens["audio_assistant_slot_token_id"], self.tokens["audio_end_token_id"]
-        self._decision = np.ascontiguousarray(self.wte[[slot, end]])  # continue vs stop rows
+        # position 0's head: continue vs stop (wte's rows); position k + 1's: audio table k
+        heads = [np.ascontiguousarray(self.wte[[slot, end]]), *self.audio]
+        if config.local_type == "numpy":
+            self.local: GgmlLocal | NumpyLocal = NumpyLocal(local, nano.dims, nano.local_layers,
+                                                            heads)  # fmt: skip
+        else:
+            # as many threads as the global transformer: a frame's 17 positions take 6.1 ms
+            # on 2 idle cores, 9.1 on 1 (docs/nano.md, "Speed")
+            self.local = GgmlLocal(local, nano.dims, nano.local_layers, heads,
+                                   config.local_type, threads or physical_cores())  # fmt: skip
         self.tokenizer = NanoTokenizer(config.tokenizer)
         self.codec = NanoCodecRuntime(open_nano_codec(config.codec), threads=1)
         self.sample_rate, self.channels = self.codec.sample_rate, self.codec.channels
@@ -201,8 +198,7 @@ class NanoEngine:
 
     def close(self) -> None:
         self.backbone.close()
-        if isinstance(self.local, LlamaLocal):
-            self.local.close()
+        self.local.close()
 
     # -- prompts
 
@@ -265,11 +261,10 @@ class NanoEngine:
         profile.prefill_s += time.perf_counter() - t
         profile.prompt_rows += rows.shape[0]
         seen = np.zeros((n_vq, max(self.nano.codebook_sizes)), dtype=bool)
-        decision = np.empty(2, np.float32)
         for f in range(settings.max_new_tokens):
             t = time.perf_counter()
             local.reset()
-            np.dot(self._decision, local.step(hidden), out=decision)
+            decision = local.head(0, hidden)
             if f < settings.min_new_tokens:
                 decision[1] = -np.inf
             if sampler.one("text", decision) == 1:
@@ -279,7 +274,7 @@ class NanoEngine:
             codes = np.empty(n_vq, np.int64)
             x = self.wte[slot]
             for k in range(n_vq):
-                logits = self.audio[k] @ local.step(x)
+                logits = local.head(k + 1, x)
                 code = sampler.one("audio", logits, seen[k, : logits.shape[0]])
                 codes[k], seen[k, code] = code, True
                 x = self.audio[k][code]
@@ -358,10 +353,17 @@ class NanoSpeech:
         return sum(c.frames for c in self.chunks)
 
     def __iter__(self) -> Iterator[np.ndarray]:
+        for piece in self.steps():
+            if piece is not None:
+                yield piece
+
+    def steps(self) -> Iterator[np.ndarray | None]:
+        """The pieces `__iter__` gives, and None after each frame that completed none: a
+        caller speaking several requests on one thread takes turns frame by frame."""
         with _blas_one_thread():
             yield from self._pieces()
 
-    def _pieces(self) -> Iterator[np.ndarray]:
+    def _pieces(self) -> Iterator[np.ndarray | None]:
         engine, plan, profile = self.engine, self.engine.plan, self.profile
         last = len(self.texts) - 1
         for chunk in self.chunks:
@@ -377,6 +379,8 @@ class NanoSpeech:
                 if take:
                     yield self._decode(decoder, pending[:take])
                     pending, calls = pending[take:], calls + 1
+                else:
+                    yield None
             if pending:
                 yield self._decode(decoder, pending)
             if chunk.index < last and chunk.frames:

@@ -12,17 +12,13 @@ NumPy's temporaries of the small attention.
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from ..disk.confine import boundary, child, confined
 from ..errors import InputError
-from ..quantize.llama import quantize
-from ..tts.backbone import Backbone, BackboneSettings
 from .config import TransformerDims
-from .global_gguf import permute_qk, write_starcoder2_f32
 
 _GELU_C = float(np.sqrt(2.0 / np.pi))
 
@@ -160,70 +156,32 @@ class LocalTransformer:
 
 
 
-# ---------------------------------------------------------------- in llama.cpp
+class NumpyLocal:
+    """The reference at run time (`local_type: numpy`): LocalTransformer, then the position's
+    head as a NumPy product on the float32 tables; `head` as nano/ggml_local.GgmlLocal's."""
 
-# the local transformer's form at run time: llama.cpp at one of these types, or NumPy on the
-# float32 arrays ("numpy", the reference). Measured on 2 cores at Nano's dims, 17 positions a
-# frame: NumPy float32 31.6 ms, llama.cpp F32 25.6, F16 13.2, Q8_0 9.5 (docs/nano.md)
-LOCAL_TYPES = ("Q8_0", "F16", "F32", "numpy")
-DEFAULT_LOCAL_TYPE = "Q8_0"
-LOCAL_VOCAB = 32  # starcoder2 needs a token table; inputs are embeddings, so it is never read
-
-
-def local_tensors(arrays: dict[str, np.ndarray], dims: TransformerDims,
-                  layers: int) -> list[tuple[str, np.ndarray]]:  # fmt: skip
-    """The local transformer as starcoder2's tensors (GGUF name, float32), its q/k rows in
-    neox_order as the global transformer's are (nano/global_gguf.py)."""
-    out = [("token_embd.weight", np.zeros((LOCAL_VOCAB, dims.hidden), np.float32))]
-    names = (("attn_norm", "ln_1"), ("attn_qkv", "attn.c_attn"), ("attn_output", "attn.c_proj"),
-             ("ffn_norm", "ln_2"), ("ffn_up", "mlp.fc_in"), ("ffn_down", "mlp.fc_out"))  # fmt: skip
-    for i in range(layers):
-        for kind in ("weight", "bias"):
-            for gguf_name, name in names:
-                values = arrays[f"h.{i}.{name}.{kind}"]
-                if gguf_name == "attn_qkv":
-                    values = permute_qk(values, dims.hidden, dims.heads)
-                out.append((f"blk.{i}.{gguf_name}.{kind}", np.ascontiguousarray(values)))
-    out += [(f"output_norm.{kind}", arrays[f"ln_f.{kind}"]) for kind in ("weight", "bias")]
-    return out
-
-
-class LlamaLocal:
-    """The local transformer in llama.cpp: an F32 GGUF written from the (verified) arrays into
-    a temporary folder when the engine loads, quantized there to FILE_TYPE by llama.cpp's own
-    quantizer (a fraction of a second), loaded, and the folder removed; the same `reset` /
-    `step` as LocalTransformer."""
-
-    def __init__(
-        self,
-        arrays: dict[str, np.ndarray],
-        dims: TransformerDims,
-        layers: int,
-        positions: int,
-        file_type: str = DEFAULT_LOCAL_TYPE,
-        threads: int = 0,
-    ):
-        with tempfile.TemporaryDirectory(prefix="moss-gguf-nano-local-") as tmp:
-            tensors = local_tensors(arrays, dims, layers)
-            path = write_starcoder2_f32(Path(tmp) / "local-f32.gguf", dims, layers, positions,
-                                        LOCAL_VOCAB, tensors)  # fmt: skip
-            if file_type != "F32":
-                path = quantize(path, Path(tmp) / "local.gguf", file_type)[0].output
-            # no mmap: the weights are read into memory, so the file may go with the folder
-            self._backbone = Backbone(path, BackboneSettings(
-                n_ctx=max(32, positions), n_batch=32, n_threads=threads, n_gpu_layers=0,
-                kv_cache_type_k="f32", kv_cache_type_v="f32", flash_attn="disabled",
-                use_mmap=False, skip_head=False))  # fmt: skip
-        self.pos = 0
+    def __init__(self, arrays: dict[str, np.ndarray], dims: TransformerDims, layers: int,
+                 heads: list[np.ndarray]):  # fmt: skip
+        self.transformer = LocalTransformer(arrays, dims, layers, len(heads))
+        self.heads = heads
+        self._out = [np.empty(h.shape[0], np.float32) for h in heads]
 
     def reset(self) -> None:
-        self._backbone.reset()
-        self.pos = 0
+        self.transformer.reset()
 
-    def step(self, x: np.ndarray) -> np.ndarray:
-        hidden, _ = self._backbone.step(x, logits=False)
-        self.pos += 1
-        return hidden
+    def head(self, p: int, x: np.ndarray) -> np.ndarray:
+        """Position P's logits (after positions 0..P-1 of this frame), a reused buffer."""
+        if p != self.transformer.pos:
+            raise ValueError(f"position {p} asked for, {self.transformer.pos} is next")
+        return np.dot(self.heads[p], self.transformer.step(x), out=self._out[p])
 
     def close(self) -> None:
-        self._backbone.close()
+        pass
+
+
+# the local transformer's form at run time: ggml graphs at one of these types
+# (nano/ggml_local.py), or NumPy on the float32 arrays ("numpy", the reference). Measured on
+# 2 idle cores at Nano's dims, a frame's 17 positions with their heads: NumPy float32 25 ms;
+# ggml F32 16.6, F16 7.9, Q8_0 6.1 (docs/nano.md, "Speed")
+LOCAL_TYPES = ("Q8_0", "F16", "F32", "numpy")
+DEFAULT_LOCAL_TYPE = "Q8_0"

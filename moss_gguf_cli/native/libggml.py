@@ -35,6 +35,7 @@ class _GgufInitParams(ctypes.Structure):  # struct gguf_init_params
 
 
 InitParams = _InitParams
+FloatP = ctypes.POINTER(ctypes.c_float)
 
 _VP, _CP, _SZ, _I64 = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int64
 _I32, _U32, _BOOL = ctypes.c_int, ctypes.c_uint32, ctypes.c_bool
@@ -47,6 +48,19 @@ _BASE = {
     "ggml_reset": ([_VP], None),
     "ggml_new_tensor_2d": ([_VP, _I32, _I64, _I64], _VP),
     "ggml_mul_mat": ([_VP, _VP, _VP], _VP),
+    "ggml_new_tensor_1d": ([_VP, _I32, _I64], _VP),
+    "ggml_new_tensor_3d": ([_VP, _I32, _I64, _I64, _I64], _VP),
+    "ggml_view_3d": ([_VP, _VP, _I64, _I64, _I64, _SZ, _SZ, _SZ], _VP),
+    "ggml_reshape_1d": ([_VP, _VP, _I64], _VP),
+    "ggml_norm": ([_VP, _VP, ctypes.c_float], _VP),
+    "ggml_mul": ([_VP, _VP, _VP], _VP),
+    "ggml_add": ([_VP, _VP, _VP], _VP),
+    "ggml_gelu": ([_VP, _VP], _VP),
+    "ggml_cpy": ([_VP, _VP, _VP], _VP),
+    "ggml_soft_max_ext": ([_VP, _VP, _VP, ctypes.c_float, ctypes.c_float], _VP),
+    "ggml_rope_ext": ([_VP, _VP, _VP, _VP, _I32, _I32, _I32] + [ctypes.c_float] * 6, _VP),
+    "ggml_new_graph_custom": ([_VP, _SZ, _BOOL], _VP),
+    "ggml_graph_overhead_custom": ([_SZ, _BOOL], _SZ),
     "ggml_new_graph": ([_VP], _VP),
     "ggml_build_forward_expand": ([_VP, _VP], None),
     "ggml_get_data": ([_VP], _VP),
@@ -105,9 +119,11 @@ def load() -> Ggml:
             raise GgmlUnavailable(f"llama_cpp does not import: {exc}") from exc
         libdir = Path(llama_cpp.__file__).parent / "lib"
         try:
-            # the same files libllama loaded: dlopen hands back those handles
-            base = ctypes.CDLL(str(libdir / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
-            cpu = ctypes.CDLL(str(libdir / "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
+            # the files libllama loaded, by the names it needs them by (their SONAMEs): a
+            # wheel holds copies, not links, and dlopen of another copy loads a second
+            # ggml (its own CPU state, beside the one llama.cpp computes with)
+            base = ctypes.CDLL(str(_soname(libdir, "libggml-base.so")), mode=ctypes.RTLD_GLOBAL)
+            cpu = ctypes.CDLL(str(_soname(libdir, "libggml-cpu.so")), mode=ctypes.RTLD_GLOBAL)
             for lib, table in ((base, _BASE), (cpu, _CPU)):
                 for name, (args, res) in table.items():
                     fn = getattr(lib, name)
@@ -117,6 +133,12 @@ def load() -> Ggml:
         cpu.ggml_cpu_init()
         _loaded = Ggml(base, cpu, libdir)
         return _loaded
+
+
+def _soname(libdir: Path, name: str) -> Path:
+    """NAME.0 where the wheel has it (what libllama links), else NAME."""
+    versioned = libdir / f"{name}.0"
+    return versioned if versioned.is_file() else libdir / name
 
 
 def row_size(type_id: int, n_per_row: int) -> int:

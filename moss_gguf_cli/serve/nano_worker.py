@@ -2,10 +2,14 @@
 encode_voice, the queue's gauges, shutdown) over nano/engine.NanoEngine.
 
 Each engine speaks one request at a time (it holds one KV sequence); the server loads as many
-engines as requests it speaks at once (server._load_nano: one a core, one thread each), and the
-others wait in arrival order. Each frame asks whether the request is still wanted, so a client
-that leaves or a server that stops ends it within a frame. A whole answer is the streamed
-pieces joined: the same engine output, the same bytes.
+engines as requests it speaks at once (server._load_nano: at most one a core), and the others
+wait in arrival order. One worker thread steps every running request a frame at a time in
+turn, each on its own engine with every core: a lone request has the whole machine, two share
+it, and llama.cpp's OpenMP threads only ever serve one caller (threads of two callers on 2
+cores made each frame wait on the kernel: a lone request 1.7x slower, measured). Each frame
+asks whether the request is still wanted, so a client that leaves or a server that stops ends
+it within a frame. A whole answer is the streamed pieces joined: the same engine output, the
+same bytes.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,8 +114,8 @@ class _EngineView:
 
 class NanoScheduler:
     """ENGINES (each a loaded NanoEngine with its own llama.cpp contexts over the same mmapped
-    weights) speak that many requests at once, each on its own thread; the rest wait in
-    arrival order."""
+    weights) speak that many requests at once, taking turns a frame at a time on one worker
+    thread; the rest wait in arrival order."""
 
     def __init__(
         self,
@@ -131,9 +135,8 @@ class NanoScheduler:
         self._running: list[_Task] = []
         self._beat = time.monotonic()
         self._closing = False
-        self._threads = [threading.Thread(target=self._work, args=(engine,), daemon=True,
-                                          name=f"moss-gguf-nano-{i}")
-                         for i, engine in enumerate(engines)]  # fmt: skip
+        self._threads = [threading.Thread(target=self._work, daemon=True,
+                                          name="moss-gguf-nano")]  # fmt: skip
 
     # -- gauges
 
@@ -229,31 +232,61 @@ class NanoScheduler:
             task.cancel.set()  # the client left: dropped if waiting, stopped if running
             raise
 
-    def _work(self, engine: NanoEngine) -> None:
+    def _work(self) -> None:
+        free = list(self.engines)
+        turns: list[tuple[_Task, NanoEngine, Generator[None, None, Any]]] = []
         while True:
+            started = []
             with self._cond:
-                while not self._waiting and not self._closing:
+                while not self._waiting and not turns and not self._closing:
                     self._cond.wait()
                 if self._closing:
-                    return
-                task = self._waiting.popleft()
-                self._running.append(task)
-                self.batch_max = max(self.batch_max, len(self._running))
+                    break
+                while self._waiting and free:
+                    task, engine = self._waiting.popleft(), free.pop(0)
+                    self._running.append(task)
+                    self.batch_max = max(self.batch_max, len(self._running))
+                    started.append((task, engine))
             self._beat = time.monotonic()
-            try:
-                if not task.cancel.is_set():
-                    settle(task.future, self._run(engine, task))
+            for task, engine in started:
+                if task.cancel.is_set():
+                    self._finish(task, engine, free, error=Cancelled())
+                elif task.kind == "voice":  # a clip's encoding, at once
+                    self._step(task, engine, free, lambda e=engine, c=task.clip:
+                               e.reference_codes(c))  # fmt: skip
                 else:
-                    settle(task.future, error=Cancelled())
-            except BaseException as exc:  # noqa: BLE001 - every failure answers its request
-                settle(task.future, error=api_error(exc, task.kind, task.job))
-            finally:
-                with self._cond:
-                    self._running.remove(task)
+                    turns.append((task, engine, self._speech(engine, task)))
+            for turn in list(turns):
+                task, engine, steps = turn
+                if not self._step(task, engine, free, lambda s=steps: next(s)):
+                    turns.remove(turn)
+        for _, _, steps in turns:
+            steps.close()  # the engines' locks let go
 
-    def _run(self, engine: NanoEngine, task: _Task) -> Any:
-        if task.kind == "voice":
-            return engine.reference_codes(task.clip)
+    def _step(self, task: _Task, engine: NanoEngine, free: list[NanoEngine],
+              call: Callable[[], Any]) -> bool:  # fmt: skip
+        """CALL for TASK; False once TASK is answered (its result, or its failure)."""
+        try:
+            value = call()
+            if task.kind == "speech":
+                return True
+        except StopIteration as done:
+            value = done.value
+        except BaseException as exc:  # noqa: BLE001 - every failure answers its request
+            self._finish(task, engine, free, error=api_error(exc, task.kind, task.job))
+            return False
+        self._finish(task, engine, free, value)
+        return False
+
+    def _finish(self, task: _Task, engine: NanoEngine, free: list[NanoEngine], value: Any = None,
+                error: Exception | None = None) -> None:  # fmt: skip
+        settle(task.future, value, error)
+        with self._cond:
+            self._running.remove(task)
+            free.append(engine)
+
+    def _speech(self, engine: NanoEngine, task: _Task) -> Generator[None, None, NanoServeResult]:
+        """TASK spoken a frame a step; the result is the generator's return value."""
         job = task.job
         assert job is not None
         settings = engine.config.settings.override(
@@ -269,10 +302,12 @@ class NanoScheduler:
         speech.on_frame = on_frame
         pieces = []
         with engine.lock:
-            for piece in speech:
-                pieces.append(piece)
-                if task.on_audio is not None:
-                    task.on_audio(Delta(piece, speech.current + 1, len(speech.chunks), []))
+            for piece in speech.steps():
+                if piece is not None:
+                    pieces.append(piece)
+                    if task.on_audio is not None:
+                        task.on_audio(Delta(piece, speech.current + 1, len(speech.chunks), []))
+                yield
         if not speech.frames:
             raise ApiError(422, "the model stopped before its first frame, so there is no "
                            "audio; send another seed, or min_new_tokens to mask the stop",
