@@ -28,7 +28,7 @@ GGML_F32, GGML_F16, GGML_Q8_0 = 0, 1, 8
 GGML_I32 = 26
 TYPE_IDS = {"F32": GGML_F32, "F16": GGML_F16, "Q8_0": GGML_Q8_0}
 _ROPE_NORMAL = 0  # rotate adjacent pairs, as upstream's gpt2_decoder does
-_GRAPH_NODES = 256
+_NODES_A_LAYER = 64  # a block adds ~35 nodes; room to spare (ggml aborts past the size)
 
 
 class GgmlLocal:
@@ -60,7 +60,8 @@ class GgmlLocal:
         size += layers * 2 * 4 * h * p_max + 4 * (h + n_head)
         per_graph = 4 * (8 * h + 2 * dims.inner + 3 * h + 2 * n_head * p_max + max(
             a.shape[0] for a in heads)) * layers + 64 * b.ggml_tensor_overhead()
-        size += p_max * (per_graph + b.ggml_graph_overhead_custom(_GRAPH_NODES, False))
+        self._nodes = _NODES_A_LAYER * (layers + 1)
+        size += p_max * (per_graph + b.ggml_graph_overhead_custom(self._nodes, False))
         size += 256 * b.ggml_tensor_overhead() + (1 << 20)
         self._ctx = b.ggml_init(libggml.InitParams(size, None, False))
         # ggml_graph_compute_with_ctx takes its work buffer from the context it is given,
@@ -147,7 +148,7 @@ class GgmlLocal:
         for p in range(p_max):
             pos = b.ggml_new_tensor_1d(ctx, GGML_I32, n_head)  # rope reads one per head row
             self._view(pos, n_head, np.int32)[:] = p
-            graph = b.ggml_new_graph_custom(ctx, _GRAPH_NODES, False)
+            graph = b.ggml_new_graph_custom(ctx, self._nodes, False)
             x = self._input
             for lw in w:
                 qkv = linear(norm(x, lw["ln1"]), lw["qkv"])
