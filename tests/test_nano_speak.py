@@ -282,3 +282,19 @@ def test_a_voices_shared_rows_are_kept_and_change_no_answer(engine, reference_wa
         kept = np.concatenate(speak(engine, TEXT, reference, seed=8, min_new_tokens=6,
                                     max_new_tokens=6)[1], axis=1)  # fmt: skip
         assert len(engine._shared) == 1 and np.array_equal(first, kept)
+
+
+def test_the_process_holds_one_libggml():
+    """ctypes opens the libggml that libllama links (by SONAME), not a second copy of it: the
+    ggml graphs of the local transformer and llama.cpp's then share one CPU backend."""
+    code = (
+        "from moss_gguf_cli.native import libggml, libllama\n"
+        "libllama.bindings(); libggml.load()\n"
+        "paths = {l.split()[-1] for l in open('/proc/self/maps') if 'libggml' in l}\n"
+        "print(sorted(p.rsplit('/', 1)[-1] for p in paths))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    names = eval(done.stdout)  # noqa: S307 - a list of file names printed just above
+    assert sum(n.startswith("libggml-cpu") for n in names) == 1, names
+    assert sum(n.startswith("libggml-base") for n in names) == 1, names
