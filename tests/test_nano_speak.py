@@ -7,6 +7,7 @@ model that stops at once refused in one line with no file left."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 import sys
@@ -200,22 +201,24 @@ REAL_DIMS = TransformerDims(hidden=768, layers=1, heads=12, inner=3072, vocab=16
                             context=None, eps=1e-5, rope_base=10000.0, activation="gelu_new")
 
 
-def _block_arrays(dims: TransformerDims, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """A local block's arrays (nano/layout.local_files' names) of random values."""
+def _block_arrays(dims: TransformerDims, rng: np.random.Generator,
+                  layers: int = 1) -> dict[str, np.ndarray]:  # fmt: skip
+    """A local transformer's arrays (nano/layout.local_files' names) of random values."""
     h, inner = dims.hidden, dims.inner
     shapes = {"ln_1": (h,), "ln_2": (h,), "attn.c_attn": (3 * h, h), "attn.c_proj": (h, h),
               "mlp.fc_in": (inner, h), "mlp.fc_out": (h, inner)}  # fmt: skip
     out = {}
-    for name, shape in shapes.items():
-        scale = 1.0 if len(shape) == 1 else 1.0 / np.sqrt(shape[1])
-        out[f"h.0.{name}.weight"] = (rng.standard_normal(shape) * scale).astype(np.float32)
-        out[f"h.0.{name}.bias"] = (0.1 * rng.standard_normal(shape[0])).astype(np.float32)
+    for i in range(layers):
+        for name, shape in shapes.items():
+            scale = 1.0 if len(shape) == 1 else 1.0 / np.sqrt(shape[1])
+            out[f"h.{i}.{name}.weight"] = (rng.standard_normal(shape) * scale).astype(np.float32)
+            out[f"h.{i}.{name}.bias"] = (0.1 * rng.standard_normal(shape[0])).astype(np.float32)
     out["ln_f.weight"] = (1 + 0.1 * rng.standard_normal(h)).astype(np.float32)
     out["ln_f.bias"] = (0.1 * rng.standard_normal(h)).astype(np.float32)
     return out
 
 
-@pytest.mark.parametrize("shape", ["tiny", "real"])
+@pytest.mark.parametrize("shape", ["tiny", "real", "deep"])
 @pytest.mark.parametrize("file_type, bound", [("F32", 1e-3), ("F16", 3e-3), ("Q8_0", 3e-2)])
 def test_the_local_graphs_in_ggml_are_the_numpy_reference(engine, shape, file_type, bound):
     """The local transformer and heads as ggml graphs (nano/ggml_local.py) against the NumPy
@@ -223,18 +226,20 @@ def test_the_local_graphs_in_ggml_are_the_numpy_reference(engine, shape, file_ty
     at the release's dims (768 wide, 12 heads, 16 heads of 1024 codes): F32 differs by ggml's
     GELU table only, F16 and Q8_0 by the weights' rounding; a second frame repeats the first."""
     rng = np.random.default_rng(0)
+    layers = 1
     if shape == "tiny":
         nano, dims = engine.nano, engine.nano.dims
         arrays = load_arrays(engine.config.folder, list(local_files(nano)))
         arrays = {Path(k).name[: -len(".npy")]: v for k, v in arrays.items()}
         heads = [np.ascontiguousarray(engine.wte[[1, 2]]), *engine.audio]
-    else:
-        dims = REAL_DIMS
-        arrays = _block_arrays(dims, rng)
+    else:  # the release's dims, or a narrow block of 4 layers (a graph's size grows with them)
+        dims, layers = ((REAL_DIMS, 1) if shape == "real" else
+                        (dataclasses.replace(REAL_DIMS, hidden=128, heads=4, inner=512), 4))
+        arrays = _block_arrays(dims, rng, layers)
         heads = [rng.standard_normal((2 if p == 0 else 1024, dims.hidden), np.float32) * 0.05
                  for p in range(17)]  # fmt: skip
-    reference = NumpyLocal(arrays, dims, 1, heads)
-    graphs = GgmlLocal(arrays, dims, 1, heads, file_type, threads=2)
+    reference = NumpyLocal(arrays, dims, layers, heads)
+    graphs = GgmlLocal(arrays, dims, layers, heads, file_type, threads=2)
     inputs = rng.standard_normal((len(heads), dims.hidden), np.float32)
     try:
         want = [reference.head(p, x).copy() for p, x in enumerate(inputs)]

@@ -58,11 +58,15 @@ class GgmlLocal:
         size = sum(self._bytes(m.shape) for m in matrices + heads)
         size += 4 * sum(a.size for a in arrays.values() if a.ndim == 1)
         size += layers * 2 * 4 * h * p_max + 4 * (h + n_head)
-        per_graph = 4 * (8 * h + 2 * dims.inner + 3 * h + 2 * n_head * p_max + max(
-            a.shape[0] for a in heads)) * layers + 64 * b.ggml_tensor_overhead()
-        self._nodes = _NODES_A_LAYER * (layers + 1)
+        # a graph's own tensors: a block makes ~21 rows of HIDDEN floats, 3 of INNER and the
+        # attention's 2 per head a position, in ~40 tensors; then ln_f and the head
+        per_graph = 4 * ((21 * h + 3 * dims.inner + 2 * n_head * p_max) * layers + 3 * h
+                         + max(a.shape[0] for a in heads))  # fmt: skip
+        tensors = _NODES_A_LAYER * (layers + 1)
+        per_graph += tensors * (b.ggml_tensor_overhead() + 64)  # 64: each one's alignment
+        self._nodes = tensors
         size += p_max * (per_graph + b.ggml_graph_overhead_custom(self._nodes, False))
-        size += 256 * b.ggml_tensor_overhead() + (1 << 20)
+        size += (16 * layers + 64) * (b.ggml_tensor_overhead() + 64) + (1 << 20)
         self._ctx = b.ggml_init(libggml.InitParams(size, None, False))
         # ggml_graph_compute_with_ctx takes its work buffer from the context it is given,
         # every call: a context of its own, reset before each step
