@@ -25,8 +25,9 @@ import numpy as np
 import yaml
 
 from ..disk.confine import boundary, child, confined
-from ..errors import InputError
+from ..errors import InputError, ToolError
 from ..native.cpu_features import physical_cores
+from ..native.libggml import GgmlUnavailable
 from ..source.nano_codec import open_nano_codec
 from ..tts.backbone import Backbone, BackboneSettings
 from ..tts.config import FAMILY_KEY, NANO_FAMILY
@@ -182,8 +183,13 @@ class NanoEngine:
         else:
             # as many threads as the global transformer: a frame's 17 positions take 6.1 ms
             # on 2 idle cores, 9.1 on 1 (docs/nano.md, "Speed")
-            self.local = GgmlLocal(local, nano.dims, nano.local_layers, heads,
-                                   config.local_type, threads or physical_cores())  # fmt: skip
+            try:
+                self.local = GgmlLocal(local, nano.dims, nano.local_layers, heads,
+                                       config.local_type, threads or physical_cores())  # fmt: skip
+            except GgmlUnavailable as exc:
+                raise ToolError(f"the local transformer cannot be built in ggml: {exc}",
+                                hint="set local_type: numpy in the YAML (slower), or "
+                                "reinstall llama-cpp-python") from None  # fmt: skip
         self.tokenizer = NanoTokenizer(config.tokenizer)
         self.codec = NanoCodecRuntime(open_nano_codec(config.codec), threads=1)
         self.sample_rate, self.channels = self.codec.sample_rate, self.codec.channels
