@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import av
@@ -120,6 +121,31 @@ def test_requests_at_once_each_equal_their_answer_alone(server, client):
         greedy = list(pool.map(lambda _: speak(client, "wav", **GREEDY), range(2)))
     assert together == alone and greedy[0] == greedy[1]
     assert metric(server, "moss_gguf_batch_size_max") == min(2, physical_cores())
+
+
+def test_a_client_that_leaves_midway_is_stopped_at_its_next_frame(server, client):
+    """A long stream whose client leaves after its first chunk ends at its next frame (the
+    server says so), while a request spoken in turn beside it goes on to its whole answer,
+    the bytes it gets alone; then the worker is free."""
+    alone = speak(client, "wav", seed=12)
+    long = {"min_new_tokens": 1500, "max_new_tokens": 1500, "seed": 3, "stream_format": "audio"}
+    with ThreadPoolExecutor(1) as pool:
+        with client.audio.speech.with_streaming_response.create(
+            model=MODEL, voice="alloy", input=TEXT, response_format="pcm", extra_body=long,
+        ) as reply:  # fmt: skip
+            chunks = reply.iter_bytes()
+            next(chunks)
+            beside = pool.submit(speak, client, "wav", seed=12)
+            while metric(server, "moss_gguf_batch_size_max") < 2 and not beside.done():
+                next(chunks)  # the long one goes on until the other has joined it
+        assert beside.result() == alone
+    deadline = time.monotonic() + TIMEOUT
+    while metric(server, "moss_gguf_streams_abandoned_total") < 1 or metric(
+        server, "moss_gguf_busy"
+    ):
+        assert time.monotonic() < deadline, server.text()
+        time.sleep(0.05)
+    assert "a speech request was cancelled at a generation step" in server.text()
 
 
 def test_a_registered_voice_is_cloned(client, http, reference_wav):
