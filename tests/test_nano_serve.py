@@ -2,8 +2,9 @@
 the official `openai` client and httpx. It answers model "moss-tts-nano" (listed in
 /v1/models); wav / flac / mp3 / opus / aac are 48 kHz stereo, `pcm` is OpenAI's (24 kHz mono
 16-bit: 96,000 bytes for 2.0 s); a streamed answer is the whole one, byte for byte; greedy
-requests repeat; a registered voice is cloned; what Nano does not take is a 400 naming the
-field."""
+requests repeat; requests at once take turns and each gets the bytes it gets alone; a client
+that leaves midway is stopped at its next frame; a registered voice is cloned; what Nano does
+not take is a 400 naming the field."""
 
 from __future__ import annotations
 
