@@ -283,7 +283,9 @@ class NanoScheduler:
         settle(task.future, value, error)
         with self._cond:
             self._running.remove(task)
-            free.append(engine)
+            # the engine freed last speaks next: a lone client's voice finds its shared
+            # prompt rows kept there (each engine keeps its own)
+            free.insert(0, engine)
 
     def _speech(self, engine: NanoEngine, task: _Task) -> Generator[None, None, NanoServeResult]:
         """TASK spoken a frame a step; the result is the generator's return value."""
