@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import av
@@ -21,7 +20,7 @@ import openai
 import pytest
 import soundfile as sf
 from test_serve import KEY, TIMEOUT, add_voice, av_decode, start_serve
-from test_serve_stream import metric
+from test_serve_stream import metric, wait_abandoned_and_idle
 
 from moss_gguf_cli.native.cpu_features import physical_cores
 from moss_gguf_cli.tts.codec import resample
@@ -140,12 +139,7 @@ def test_a_client_that_leaves_midway_is_stopped_at_its_next_frame(server, client
             while metric(server, "moss_gguf_batch_size_max") < 2 and not beside.done():
                 next(chunks)  # the long one goes on until the other has joined it
         assert beside.result() == alone
-    deadline = time.monotonic() + TIMEOUT
-    while metric(server, "moss_gguf_streams_abandoned_total") < 1 or metric(
-        server, "moss_gguf_busy"
-    ):
-        assert time.monotonic() < deadline, server.text()
-        time.sleep(0.05)
+    wait_abandoned_and_idle(server)
     assert "a speech request was cancelled at a generation step" in server.text()
 
 

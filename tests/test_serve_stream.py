@@ -114,6 +114,16 @@ def metric(server, name: str) -> float:
     raise AssertionError(f"{name} not in /metrics")
 
 
+def wait_abandoned_and_idle(server) -> None:
+    """Until the server counts an abandoned stream and its worker is free."""
+    deadline = time.monotonic() + TIMEOUT
+    while metric(server, "moss_gguf_streams_abandoned_total") < 1 or metric(
+        server, "moss_gguf_busy"
+    ):
+        assert time.monotonic() < deadline, server.text()
+        time.sleep(0.05)
+
+
 def test_a_client_that_leaves_midway_frees_the_worker(server, client, whole_pcm):
     # as many steps as n_ctx allows: the request would run on long after the first chunk
     long = {**GREEDY, "max_new_tokens": 100_000, "stream_format": "audio"}
@@ -122,12 +132,7 @@ def test_a_client_that_leaves_midway_frees_the_worker(server, client, whole_pcm)
     ) as reply:  # fmt: skip
         first = next(reply.iter_bytes())
         assert len(first) == 2 * FRAME_SAMPLES
-    deadline = time.monotonic() + TIMEOUT
-    while metric(server, "moss_gguf_streams_abandoned_total") < 1 or metric(
-        server, "moss_gguf_busy"
-    ):
-        assert time.monotonic() < deadline, server.text()
-        time.sleep(0.05)
+    wait_abandoned_and_idle(server)
     assert "cancelled at a generation step" in server.text()
     # the next requests are served
     assert np.array_equal(np.frombuffer(b"".join(streamed(client, "pcm", "audio")), "<i2"),
