@@ -67,7 +67,7 @@ class NanoFolderConfig:
     settings: NanoSettings
     n_ctx: int = 2048
     n_threads: int = 0  # 0: the physical cores
-    local_type: str = DEFAULT_LOCAL_TYPE  # the local transformer's form (nano/local.py)
+    local_type: str = DEFAULT_LOCAL_TYPE  # the local transformer's form (nano/ggml_local.py)
 
     @classmethod
     def from_yaml(cls, path: Path) -> NanoFolderConfig:

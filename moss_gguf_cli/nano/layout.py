@@ -107,6 +107,6 @@ def synth_config(checkpoint: NanoCheckpoint, gguf: str, codec: str | None) -> di
         # how it speaks (nano/settings.py): upstream's running defaults, editable here
         "n_ctx": DEFAULT_N_CTX,
         "n_threads": 0,
-        "local_type": DEFAULT_LOCAL_TYPE,  # the local transformer at run time (nano/local.py)
+        "local_type": DEFAULT_LOCAL_TYPE,  # the local transformer at run time (nano/ggml_local.py)
         **dataclasses.asdict(NanoSettings()),
     }
