@@ -17,16 +17,20 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import soundfile as sf
+import yaml
 from conftest import nano_yaml
 
+from moss_gguf_cli.nano.checkpoint import open_nano
 from moss_gguf_cli.nano.codec import DecodePlan
 from moss_gguf_cli.nano.config import TransformerDims
 from moss_gguf_cli.nano.engine import NanoEngine, NanoFolderConfig
 from moss_gguf_cli.nano.ggml_local import GgmlLocal
+from moss_gguf_cli.nano.global_gguf import global_array, plan_global_tensors, write_starcoder2_f32
 from moss_gguf_cli.nano.layout import local_files
 from moss_gguf_cli.nano.local import NumpyLocal, load_arrays
 from moss_gguf_cli.nano.prompt import pause_after, prompt_ids, split_text
 from moss_gguf_cli.nano.settings import NanoSettings
+from moss_gguf_cli.nano.tiny import ensure_tiny_nano
 from moss_gguf_cli.source.nano_codec import initial_state, next_state, open_nano_codec
 
 FIXED = ("--min-new-tokens", "25", "--max-new-tokens", "25")
@@ -303,3 +307,32 @@ def test_the_process_holds_one_libggml():
     names = eval(done.stdout)  # noqa: S307 - a list of file names printed just above
     assert sum(n.startswith("libggml-cpu") for n in names) == 1, names
     assert sum(n.startswith("libggml-base") for n in names) == 1, names
+
+
+def test_a_global_gguf_the_engine_cannot_run_is_refused_in_one_line(tiny_nano_folder, tmp_path):
+    """The global transformer is read from the folder's GGUF into ggml (nano/ggml_global): a
+    prompt longer than n_ctx says so, and a GGUF that lost a tensor (written by our starcoder2
+    writer without it) is named with the tensor; each in one line, exit 2, no file."""
+    folder = tmp_path / "cut"
+    shutil.copytree(tiny_nano_folder, folder)
+    yaml_path, out = folder / "moss-tts-nano.yaml", tmp_path / "x.wav"
+    settings = yaml.safe_load(yaml_path.read_text(encoding="utf-8"))
+    yaml_path.write_text(yaml.safe_dump({**settings, "n_ctx": 16}), encoding="utf-8")
+    done = synth(yaml_path, "--text", TEXT, "-o", str(out))
+    err = done.stderr.decode().strip()
+    assert done.returncode == 2 and len(err.splitlines()) == 1, err
+    assert "n_ctx is 16" in err and "raise n_ctx" in err, err
+    assert not out.exists()
+
+    yaml_path.write_text(yaml.safe_dump(settings), encoding="utf-8")
+    checkpoint = open_nano(ensure_tiny_nano())
+    dims = checkpoint.nano.dims
+    kept = [t for t in plan_global_tensors(dims.layers) if t.name != "blk.0.ffn_up.weight"]
+    gguf = folder / settings["global_gguf"]
+    write_starcoder2_f32(gguf, dims, dims.layers, dims.context, dims.vocab,
+                         ((t.name, global_array(checkpoint, t)) for t in kept))  # fmt: skip
+    done = synth(yaml_path, "--text", TEXT, "-o", str(out))
+    err = done.stderr.decode().strip()
+    assert done.returncode == 2 and len(err.splitlines()) == 1, err
+    assert str(gguf) in err and "blk.0.ffn_up.weight" in err, err
+    assert not out.exists()

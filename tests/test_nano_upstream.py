@@ -28,8 +28,10 @@ import torch
 from safetensors.torch import save_file
 from tiny_nano import nano_config, release_state, write_release
 
+from moss_gguf_cli.nano import ggml_global
 from moss_gguf_cli.nano.checkpoint import NanoCheckpoint, open_nano
 from moss_gguf_cli.nano.engine import NanoEngine
+from moss_gguf_cli.nano.ggml_global import GgmlGlobal
 from moss_gguf_cli.nano.global_gguf import write_global_f32
 from moss_gguf_cli.nano.layout import local_files
 from moss_gguf_cli.nano.local import LocalTransformer
@@ -134,6 +136,51 @@ def test_llamas_hidden_states_equal_upstreams(case, tmp_path):
     assert got["hidden"][0] <= GLOBAL and got["hidden"][1] <= GLOBAL_ROW, got
     table = got["hidden_ggml_gelu"]
     assert table[0] <= GGML_GELU and table[1] <= GGML_GELU_ROW, got
+
+
+def against_goldens(ours: np.ndarray, golden: dict[str, np.ndarray], kept: np.ndarray,
+                    name: str, what: str) -> dict[str, tuple[float, float]]:  # fmt: skip
+    """(whole array, worst row) of OURS (the KEPT rows of the goldens' hidden states) against
+    upstream's hidden states and against them with ggml's GELU."""
+    got = {}
+    for key in ("hidden", "hidden_ggml_gelu"):
+        reference = golden[key][kept]
+        got[key] = (relative(ours, reference),
+                    max(relative(a, b) for a, b in zip(ours, reference, strict=True)))  # fmt: skip
+        print(f"{name} {what}: {key} {got[key][0]:.2e} (worst row {got[key][1]:.2e})")
+    return got
+
+
+def test_our_ggml_global_equals_upstreams(case, tmp_path, monkeypatch):
+    """nano/ggml_global, what the engine runs, on the same F32 GGUF with float32 keys and
+    values: every row stepped alone (graphs over the cached keys rounded up to a bucket,
+    masked), and the prompt fed whole then the frames stepped. Both are held to the bounds
+    llama.cpp is held to above; they share its one difference from upstream (ggml's GELU).
+    Two step graphs kept instead of 8: the ~220 rows cross 7 buckets, so graphs are dropped and
+    built again on the way."""
+    monkeypatch.setattr(ggml_global, "STEP_GRAPHS_KEPT", 2)
+    spec, checkpoint, golden = case
+    rows, kept = golden["rows"], golden["hidden_rows"].astype(np.int64)
+    n_prompt = int(golden["n_prompt"])
+    gguf = write_global_f32(checkpoint, tmp_path / "global-f32.gguf")
+    embeds = embed(checkpoint, rows).astype(np.float32)
+    model = GgmlGlobal(gguf, rows.shape[0], threads=2, kv_type="F32")
+    try:
+        stepped = np.array([model.step(row).copy() for row in embeds])
+        model.reset()
+        fed = [model.prefill(embeds[:n_prompt])]
+        fed += [model.step(row).copy() for row in embeds[n_prompt:]]
+    finally:
+        model.close()
+    from_prompt = kept[kept >= n_prompt - 1]
+    for what, ours, at in (("stepped", stepped[kept], slice(None)),
+                           ("prefilled", np.array(fed)[from_prompt - n_prompt + 1],
+                            np.searchsorted(kept, from_prompt))):  # fmt: skip
+        got = against_goldens(ours, {k: golden[k][at] for k in ("hidden", "hidden_ggml_gelu")},
+                              slice(None), spec["name"], what)  # fmt: skip
+        assert got["hidden"][0] <= GLOBAL and got["hidden"][1] <= GLOBAL_ROW, (what, got)
+        table = got["hidden_ggml_gelu"]
+        assert table[0] <= GGML_GELU and table[1] <= GGML_GELU_ROW, (what, got)
 
 
 def test_local_logits_equal_upstreams(case):

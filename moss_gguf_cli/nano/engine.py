@@ -1,8 +1,9 @@
 """MOSS-TTS-Nano speaking: a Nano folder loaded, text in, 48 kHz stereo out (docs/nano.md).
 
-The global transformer runs in llama.cpp (tts/backbone.Backbone on the folder's starcoder2
-GGUF, fed embeddings), the local transformer and heads as one ggml graph a position
-(nano/ggml_local.py; NumPy's reference in nano/local.py), sampling with
+The global transformer runs as ggml graphs of our own on the folder's starcoder2 GGUF
+(nano/ggml_global.py, fed embeddings; the file is the one llama.cpp loads), the local
+transformer and heads as one ggml graph a position (nano/ggml_local.py; NumPy's reference in
+nano/local.py), sampling with
 tts/sampling.py's rules at upstream's Nano defaults, the codec through decode_step
 (nano/codec.py). A text is split into chunks (nano/prompt.split_text), each spoken from its
 own prompt with the same reference codes, joined with upstream's pauses. `NanoEngine.speak`
@@ -29,11 +30,11 @@ from ..errors import InputError, ToolError
 from ..native.cpu_features import physical_cores
 from ..native.libggml import GgmlUnavailable
 from ..source.nano_codec import open_nano_codec
-from ..tts.backbone import Backbone, BackboneSettings
 from ..tts.config import FAMILY_KEY, NANO_FAMILY
 from ..tts.sampling import Sampler, SamplingParams
 from .codec import DecodePlan, NanoCodecRuntime
 from .config import NanoConfig
+from .ggml_global import GgmlGlobal
 from .ggml_local import GgmlLocal
 from .layout import local_files, table_files
 from .local import DEFAULT_LOCAL_TYPE, LOCAL_TYPES, NumpyLocal, load_arrays
@@ -190,20 +191,23 @@ class NanoEngine:
                 raise ToolError(f"the local transformer cannot be built in ggml: {exc}",
                                 hint="set local_type: numpy in the YAML (slower), or "
                                 "reinstall llama-cpp-python") from None  # fmt: skip
+        try:
+            self.global_transformer = GgmlGlobal(config.global_gguf, n_ctx or config.n_ctx,
+                                                 threads or physical_cores())  # fmt: skip
+        except GgmlUnavailable as exc:
+            self.local.close()
+            raise ToolError(f"the global transformer cannot be built in ggml: {exc}",
+                            hint="reinstall llama-cpp-python") from None  # fmt: skip
         self.tokenizer = NanoTokenizer(config.tokenizer)
         self.codec = NanoCodecRuntime(open_nano_codec(config.codec), threads=1)
         self.sample_rate, self.channels = self.codec.sample_rate, self.codec.channels
         self.frame_samples = self.sample_rate * 2 // 25  # 12.5 frames a second
-        # a prompt's rows are one big product each: every core; a frame's one row: THREADS
-        self.backbone = Backbone(config.global_gguf, BackboneSettings(
-            n_ctx=n_ctx or config.n_ctx, n_batch=512, n_threads=threads or 0,
-            n_threads_batch=0, n_gpu_layers=0, flash_attn="disabled"))  # fmt: skip
         self._row = np.empty(nano.hidden, np.float32)
         self._shared: dict[bytes, Any] = {}  # a voice's shared prompt rows' KV state
         self.plan = DecodePlan()
 
     def close(self) -> None:
-        self.backbone.close()
+        self.global_transformer.close()
         self.local.close()
 
     # -- prompts
@@ -233,17 +237,17 @@ class NanoEngine:
         embeds = self.embed(rows).astype(np.float32)
         key = hashlib.sha256(rows[:shared].tobytes()).digest()
         state = self._shared.pop(key, None)
-        self.backbone.reset()
+        transformer = self.global_transformer
+        transformer.reset()
         if state is None:
-            self.backbone.fill(embeds[:shared])
-            state = self.backbone.save(0)
+            transformer.fill(embeds[:shared])
+            state = transformer.save()
         else:
-            self.backbone.load(0, state, shared)
+            transformer.load(state)
         self._shared[key] = state  # the most recent last
         while len(self._shared) > SHARED_KEPT:
             self._shared.pop(next(iter(self._shared)))
-        hidden, _ = self.backbone.prefill(embeds[shared:], logits=False)
-        return hidden
+        return transformer.prefill(embeds[shared:])
 
     def embed(self, rows: np.ndarray) -> np.ndarray:
         """(S, hidden) inputs: wte[text id] + Σ_q audio_embeddings_q[code] where not padded."""
@@ -296,7 +300,7 @@ class NanoEngine:
             row[:] = self.wte[slot]
             for q, table in enumerate(self.audio):
                 row += table[codes[q]]
-            hidden, _ = self.backbone.step(row, logits=False)
+            hidden = self.global_transformer.step(row)
             profile.global_s += time.perf_counter() - t
         chunk.ended = "max"
 
