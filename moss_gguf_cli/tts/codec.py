@@ -78,6 +78,23 @@ def _kernel_table(up: int, down: int, zeros: int = 16, beta: float = 8.6) -> tup
     return kernel.astype(np.float32), half
 
 
+def _filtered(padded: np.ndarray, n: np.ndarray, up: int, down: int, table: np.ndarray,
+              half: int, origin: int = 0) -> np.ndarray:  # fmt: skip
+    """Outputs N (consecutive) from PADDED, whose element 0 is padded index ORIGIN: each the
+    dot of its phase's taps with the 2·half inputs around its time. An integer decimation (up
+    1, e.g. 48 kHz to 24 kHz) reads its windows as a strided view instead of gathering a copy:
+    the same products summed in the same order (the same bits), a tenth of the time."""
+    if up == 1:
+        first = int(n[0]) * down + 1 - origin
+        windows = np.lib.stride_tricks.sliding_window_view(padded, 2 * half)[first::down]
+        windows = windows[: n.size]
+        return np.einsum("ij,ij->i", windows, np.broadcast_to(table[0], windows.shape))
+    base, phase = (n * down) // up, n % up  # the input sample at or before each output time
+    offsets = np.arange(-half + 1, half + 1)
+    return np.einsum("ij,ij->i", padded[base[:, None] + half + offsets[None, :] - origin],
+                     table[phase])  # fmt: skip
+
+
 def resample(wav: np.ndarray, rate_in: int, rate_out: int = SAMPLE_RATE) -> np.ndarray:
     """Band-limited resampling of a 1-D signal (polyphase windowed sinc)."""
     wav = np.asarray(wav, dtype=np.float32)
@@ -88,15 +105,11 @@ def resample(wav: np.ndarray, rate_in: int, rate_out: int = SAMPLE_RATE) -> np.n
     table, half = _kernel_table(up, down)
     n_out = int(math.ceil(wav.size * up / down))
     padded = np.concatenate([np.zeros(half, np.float32), wav, np.zeros(half + 1, np.float32)])
-    offsets = np.arange(-half + 1, half + 1)
     out = np.empty(n_out, dtype=np.float32)
     chunk = max(1, (1 << 22) // table.shape[1])
     for start in range(0, n_out, chunk):
         n = np.arange(start, min(n_out, start + chunk), dtype=np.int64)
-        base = (n * down) // up  # the input sample at or before each output time
-        phase = n % up
-        gathered = padded[base[:, None] + half + offsets[None, :]]
-        out[start : start + n.size] = np.einsum("ij,ij->i", gathered, table[phase])
+        out[start : start + n.size] = _filtered(padded, n, up, down, table, half)
     return out
 
 
@@ -117,14 +130,12 @@ class StreamResampler:
 
     def _emit(self, last: int) -> np.ndarray:
         """Outputs _made..LAST-1, from _buf."""
-        half, up, down = self._half, self.up, self.down
+        up, down = self.up, self.down
         n = np.arange(self._made, last, dtype=np.int64)
         if n.size == 0:
             return np.zeros(0, np.float32)
-        base, phase = (n * down) // up, n % up
-        offsets = np.arange(-half + 1, half + 1)
-        gathered = self._buf[base[:, None] + half + offsets[None, :] - self._start]
-        out = np.einsum("ij,ij->i", gathered, self._table[phase]).astype(np.float32)
+        out = _filtered(self._buf, n, up, down, self._table, self._half, self._start)
+        out = out.astype(np.float32)
         self._made = last
         keep = (last * down) // up + 1 - self._start  # the next output's window starts here
         self._buf, self._start = self._buf[keep:], self._start + keep
