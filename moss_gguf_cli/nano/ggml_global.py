@@ -193,18 +193,12 @@ class GgmlGlobal:
         for _ in range(self.layers):
             k = b.ggml_new_tensor_2d(self._ctx, kind, self.hidden, self.n_ctx)
             v = b.ggml_new_tensor_2d(self._ctx, kind, 1, self.hidden * self.n_ctx)
-            ka, va = (self._array(t, self.hidden * self.n_ctx, dtype) for t in (k, v))
+            ka, va = (libggml.tensor_array(t, self.hidden * self.n_ctx, dtype) for t in (k, v))
             ka[:], va[:] = 0, 0
             self._k.append(k)
             self._v.append(v)
             self._kv_arrays.append((ka.reshape(self.n_ctx, self.hidden),
                                     va.reshape(self.hidden, self.n_ctx)))  # fmt: skip
-
-    def _array(self, tensor: int, n: int, dtype) -> np.ndarray:
-        ctype = {np.float32: ctypes.c_float, np.float16: ctypes.c_uint16,
-                 np.int32: ctypes.c_int32, np.int64: ctypes.c_int64}[dtype]  # fmt: skip
-        raw = np.ctypeslib.as_array((ctype * n).from_address(self._b.ggml_get_data(tensor)))
-        return raw.view(np.float16) if dtype == np.float16 else raw
 
     # -- graphs
 
@@ -244,12 +238,12 @@ class GgmlGlobal:
             alloc = b.ggml_gallocr_new(b.ggml_backend_cpu_buffer_type())
             if not alloc or not b.ggml_gallocr_alloc_graph(alloc, graph):
                 raise libggml.GgmlUnavailable("ggml cannot allocate a graph (out of memory?)")
-            return _Graph(ctx, alloc, graph, self._array(x, h * rows, np.float32).reshape(rows, h),
-                          self._array(pos, rows, np.int32),
-                          self._array(mask, keys * rows, np.float32).reshape(rows, keys),
-                          self._array(k_rows, rows, np.int64),
-                          self._array(v_rows, h * rows, np.int64).reshape(rows, h),
-                          None if out is None else self._array(out, h, np.float32))  # fmt: skip
+            view = libggml.tensor_array
+            return _Graph(ctx, alloc, graph, view(x, h * rows).reshape(rows, h),
+                          view(pos, rows, np.int32), view(mask, keys * rows).reshape(rows, keys),
+                          view(k_rows, rows, np.int64),
+                          view(v_rows, h * rows, np.int64).reshape(rows, h),
+                          None if out is None else view(out, h))  # fmt: skip
         except BaseException:
             if alloc:
                 b.ggml_gallocr_free(alloc)

@@ -17,8 +17,6 @@ positions.
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 
 from ..native import libggml
@@ -97,7 +95,7 @@ class GgmlLocal:
         t = b.ggml_new_tensor_2d(self._ctx, kind, cols, rows)
         src = np.ascontiguousarray(values, dtype=np.float32)
         if kind == GGML_F32:
-            self._view(t, rows * cols)[:] = src.reshape(-1)
+            libggml.tensor_array(t, rows * cols)[:] = src.reshape(-1)
         else:
             b.ggml_quantize_chunk(kind, src.ctypes.data_as(libggml.FloatP), b.ggml_get_data(t),
                                   0, rows, cols, None)  # fmt: skip
@@ -105,13 +103,8 @@ class GgmlLocal:
 
     def _vector(self, values: np.ndarray) -> int:
         t = self._base.ggml_new_tensor_1d(self._ctx, GGML_F32, values.shape[0])
-        self._view(t, values.shape[0])[:] = values
+        libggml.tensor_array(t, values.shape[0])[:] = values
         return t
-
-    def _view(self, tensor: int, n: int, dtype=np.float32) -> np.ndarray:
-        ctype = ctypes.c_float if dtype == np.float32 else ctypes.c_int32
-        buffer = (ctype * n).from_address(self._base.ggml_get_data(tensor))
-        return np.ctypeslib.as_array(buffer)
 
     def _build(self, arrays: dict[str, np.ndarray], dims: TransformerDims, layers: int,
                heads: list[np.ndarray]) -> None:  # fmt: skip
@@ -139,7 +132,7 @@ class GgmlLocal:
         ln_f = (self._vector(arrays["ln_f.weight"]), self._vector(arrays["ln_f.bias"]))
         head_t = [self._matrix(m) for m in heads]
         self._input = b.ggml_new_tensor_1d(ctx, GGML_F32, h)
-        self._x = self._view(self._input, h)
+        self._x = libggml.tensor_array(self._input, h)
         scale = 1.0 / float(np.sqrt(hd))
 
         def norm(x: int, pair: tuple[int, int]) -> int:
@@ -151,7 +144,7 @@ class GgmlLocal:
         self._graphs, self._logits = [], []
         for p in range(p_max):
             pos = b.ggml_new_tensor_1d(ctx, GGML_I32, n_head)  # rope reads one per head row
-            self._view(pos, n_head, np.int32)[:] = p
+            libggml.tensor_array(pos, n_head, np.int32)[:] = p
             graph = b.ggml_new_graph_custom(ctx, self._nodes, False)
             x = self._input
             for lw in w:
@@ -184,7 +177,7 @@ class GgmlLocal:
             logits = b.ggml_mul_mat(ctx, head_t[p], norm(x, ln_f))
             b.ggml_build_forward_expand(graph, logits)
             self._graphs.append(graph)
-            self._logits.append(self._view(logits, heads[p].shape[0]))
+            self._logits.append(libggml.tensor_array(logits, heads[p].shape[0]))
 
     def reset(self) -> None:
         pass  # each position's graph writes its own cache slot before reading 0..p

@@ -158,6 +158,19 @@ def _soname(libdir: Path, name: str) -> Path:
     return versioned if versioned.is_file() else libdir / name
 
 
+_CTYPES = {np.dtype(np.float32): ctypes.c_float, np.dtype(np.float16): ctypes.c_uint16,
+           np.dtype(np.int32): ctypes.c_int32, np.dtype(np.int64): ctypes.c_int64}
+
+
+def tensor_array(tensor: int, n: int, dtype=np.float32) -> np.ndarray:
+    """A NumPy view of a ggml tensor's first N values of DTYPE (its data, not a copy: valid
+    while its context lives)."""
+    dtype = np.dtype(dtype)
+    raw = (_CTYPES[dtype] * n).from_address(load().base.ggml_get_data(tensor))
+    array = np.ctypeslib.as_array(raw)
+    return array.view(np.float16) if dtype == np.float16 else array
+
+
 def row_size(type_id: int, n_per_row: int) -> int:
     return int(load().base.ggml_row_size(type_id, n_per_row))
 
