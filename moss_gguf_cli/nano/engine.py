@@ -198,6 +198,9 @@ class NanoEngine:
             self.local.close()
             raise ToolError(f"the global transformer cannot be built in ggml: {exc}",
                             hint="reinstall llama-cpp-python") from None  # fmt: skip
+        except BaseException:  # a GGUF refused: the local graphs' memory goes with it
+            self.local.close()
+            raise
         self.tokenizer = NanoTokenizer(config.tokenizer)
         self.codec = NanoCodecRuntime(open_nano_codec(config.codec), threads=1)
         self.sample_rate, self.channels = self.codec.sample_rate, self.codec.channels
