@@ -2,9 +2,9 @@
 
 The global transformer runs as ggml graphs of our own on the folder's starcoder2 GGUF
 (nano/ggml_global.py, fed embeddings; the file is the one llama.cpp loads), the local
-transformer and heads as one ggml graph a position (nano/ggml_local.py; NumPy's reference in
-nano/local.py), sampling with
-tts/sampling.py's rules at upstream's Nano defaults, the codec through decode_step
+transformer, heads and sampling (tts/sampling.pick_one's rule at upstream's Nano defaults) as
+one ggml graph a frame (nano/ggml_local.py; NumPy's reference in nano/local.py), the codec
+through decode_step
 (nano/codec.py). A text is split into chunks (nano/prompt.split_text), each spoken from its
 own prompt with the same reference codes, joined with upstream's pauses. `NanoEngine.speak`
 yields the audio as it is decoded; collecting it gives the whole answer, the same bytes.
@@ -35,7 +35,7 @@ from ..tts.sampling import Sampler, SamplingParams
 from .codec import DecodePlan, NanoCodecRuntime
 from .config import NanoConfig
 from .ggml_global import GgmlGlobal
-from .ggml_local import GgmlLocal
+from .ggml_local import GgmlLocal, aligned
 from .layout import local_files, table_files
 from .local import DEFAULT_LOCAL_TYPE, LOCAL_TYPES, NumpyLocal, load_arrays
 from .prompt import NanoTokenizer, pause_after, prompt_ids, prompt_rows, split_text
@@ -172,20 +172,21 @@ class NanoEngine:
         tables = load_arrays(folder, list(table_files(nano)))
         names = list(table_files(nano))
         self.wte = tables[names[0]]
-        self.audio = [tables[n] for n in names[1:]]
+        # aligned so that the ggml frame reads the tables where they are (no second copy)
+        self.audio = [aligned(tables[n]) for n in names[1:]]
         local = load_arrays(folder, list(local_files(nano)))
         local = {Path(k).name[: -len(".npy")]: v for k, v in local.items()}
         slot, end = self.tokens["audio_assistant_slot_token_id"], self.tokens["audio_end_token_id"]
         # position 0's head: continue vs stop (wte's rows); position k + 1's: audio table k
         heads = [np.ascontiguousarray(self.wte[[slot, end]]), *self.audio]
+        start = self.wte[slot]  # position 1's input
         if config.local_type == "numpy":
             self.local: GgmlLocal | NumpyLocal = NumpyLocal(local, nano.dims, nano.local_layers,
-                                                            heads)  # fmt: skip
+                                                            heads, start)  # fmt: skip
         else:
-            # as many threads as the global transformer: a frame's 17 positions take 6.1 ms
-            # on 2 idle cores, 9.1 on 1 (docs/nano.md, "Speed")
+            # as many threads as the global transformer (docs/nano.md, "Speed")
             try:
-                self.local = GgmlLocal(local, nano.dims, nano.local_layers, heads,
+                self.local = GgmlLocal(local, nano.dims, nano.local_layers, heads, start,
                                        config.local_type, threads or physical_cores())  # fmt: skip
             except GgmlUnavailable as exc:
                 raise ToolError(f"the local transformer cannot be built in ggml: {exc}",
@@ -268,29 +269,20 @@ class NanoEngine:
                chunk: ChunkResult, profile: NanoProfile) -> Iterator[np.ndarray]:  # fmt: skip
         """The frames (n_vq,) of one prompt, until the model stops or max_new_tokens."""
         slot = self.tokens["audio_assistant_slot_token_id"]
-        n_vq, local = self.nano.n_vq, self.local
+        local = self.local
         t = time.perf_counter()
         hidden = self._prefill(rows, shared)
         profile.prefill_s += time.perf_counter() - t
         profile.prompt_rows += rows.shape[0]
-        seen = np.zeros((n_vq, max(self.nano.codebook_sizes)), dtype=bool)
+        local.forget()
         for f in range(settings.max_new_tokens):
             t = time.perf_counter()
-            local.reset()
-            decision = local.head(0, hidden)
-            if f < settings.min_new_tokens:
-                decision[1] = -np.inf
-            if sampler.one("text", decision) == 1:
+            picks = local.frame(hidden, sampler, f >= settings.min_new_tokens)
+            if picks[0] == 1:
                 chunk.ended = "stop"
                 profile.local_s += time.perf_counter() - t
                 return
-            codes = np.empty(n_vq, np.int64)
-            x = self.wte[slot]
-            for k in range(n_vq):
-                logits = local.head(k + 1, x)
-                code = sampler.one("audio", logits, seen[k, : logits.shape[0]])
-                codes[k], seen[k, code] = code, True
-                x = self.audio[k][code]
+            codes = picks[1:].astype(np.int64)
             profile.local_s += time.perf_counter() - t
             chunk.frames += 1
             chunk.codes.append(codes)

@@ -207,13 +207,9 @@ class GgmlGlobal:
         inputs and output are NumPy views of ggml's buffers."""
         b, h = self._b, self.hidden
         nodes = _NODES * (self.layers + 2)
-        size = nodes * b.ggml_tensor_overhead() + b.ggml_graph_overhead_custom(nodes, False)
-        ctx = b.ggml_init(libggml.InitParams(size, None, True))
-        if not ctx:
-            raise libggml.GgmlUnavailable("ggml_init failed (out of memory?)")
+        ctx, graph = libggml.new_graph(nodes)
         alloc = None
         try:
-            graph = b.ggml_new_graph_custom(ctx, nodes, False)
 
             def new_input(kind: int, *ne: int) -> int:
                 t = (b.ggml_new_tensor_1d(ctx, kind, ne[0]) if len(ne) == 1
@@ -235,9 +231,7 @@ class GgmlGlobal:
                 out = ops.norm(b.ggml_view_1d(ctx, cur, h, (rows - 1) * h * 4), "output_norm")
                 b.ggml_set_output(out)
             b.ggml_build_forward_expand(graph, cur if out is None else out)
-            alloc = b.ggml_gallocr_new(b.ggml_backend_cpu_buffer_type())
-            if not alloc or not b.ggml_gallocr_alloc_graph(alloc, graph):
-                raise libggml.GgmlUnavailable("ggml cannot allocate a graph (out of memory?)")
+            alloc = libggml.allocate(graph)
             view = libggml.tensor_array
             return _Graph(ctx, alloc, graph, view(x, h * rows).reshape(rows, h),
                           view(pos, rows, np.int32), view(mask, keys * rows).reshape(rows, keys),

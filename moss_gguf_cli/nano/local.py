@@ -18,6 +18,7 @@ import numpy as np
 
 from ..disk.confine import boundary, child, confined
 from ..errors import InputError
+from ..tts.sampling import Sampler
 from .config import TransformerDims
 
 _GELU_C = float(np.sqrt(2.0 / np.pi))
@@ -157,23 +158,47 @@ class LocalTransformer:
 
 
 class NumpyLocal:
-    """The reference at run time (`local_type: numpy`): LocalTransformer, then the position's
-    head as a NumPy product on the float32 tables; `head` as nano/ggml_local.GgmlLocal's."""
+    """The reference at run time (`local_type: numpy`): LocalTransformer, each position's
+    head as a NumPy product on the float32 tables, sampling by tts/sampling.pick_one; `frame`
+    as nano/ggml_local.GgmlLocal's. HEADS: position 0's (continue, stop) rows, then the n_vq
+    audio tables (tied: position k + 2 takes table k's row of code k); START: position 1's
+    input."""
 
     def __init__(self, arrays: dict[str, np.ndarray], dims: TransformerDims, layers: int,
-                 heads: list[np.ndarray]):  # fmt: skip
+                 heads: list[np.ndarray], start: np.ndarray):  # fmt: skip
         self.transformer = LocalTransformer(arrays, dims, layers, len(heads))
-        self.heads = heads
-        self._out = [np.empty(h.shape[0], np.float32) for h in heads]
+        self.heads, self.start = heads, start
+        self.positions = len(heads)
+        self.logits = [np.empty(h.shape[0], np.float32) for h in heads]  # the last frame's
+        self.seen = np.zeros((len(heads) - 1, max(h.shape[0] for h in heads[1:])), bool)
+        self._picks = np.zeros(len(heads), np.int64)
 
-    def reset(self) -> None:
-        self.transformer.reset()
+    def forget(self) -> None:
+        """A new prompt: no code seen yet (the repetition penalty's memory)."""
+        self.seen[:] = False
 
-    def head(self, p: int, x: np.ndarray) -> np.ndarray:
-        """Position P's logits (after positions 0..P-1 of this frame), a reused buffer."""
-        if p != self.transformer.pos:
-            raise ValueError(f"position {p} asked for, {self.transformer.pos} is next")
-        return np.dot(self.heads[p], self.transformer.step(x), out=self._out[p])
+    def frame(self, hidden: np.ndarray, sampler: Sampler, allow_stop: bool) -> np.ndarray:
+        """One frame from the global HIDDEN state: (positions,) picks, [0] continue (0) or
+        stop (1), then the codes (when it continues); a reused buffer. Draws one uniform a
+        position from SAMPLER's generator."""
+        draws = sampler.rng.random(self.positions)
+        t, picks = self.transformer, self._picks
+        t.reset()
+        logits = np.dot(self.heads[0], t.step(hidden), out=self.logits[0]).copy()
+        if not allow_stop:
+            logits[1] = -np.inf
+        picks[0] = sampler.pick("text", logits, draws[0])
+        if picks[0] == 1:
+            return picks
+        x = self.start
+        for p in range(1, self.positions):
+            table = self.heads[p]
+            logits = np.dot(table, t.step(x), out=self.logits[p])
+            seen = self.seen[p - 1, : table.shape[0]]
+            code = picks[p] = sampler.pick("audio", logits.copy(), draws[p], seen)
+            seen[code] = True
+            x = table[code]
+        return picks
 
     def close(self) -> None:
         pass

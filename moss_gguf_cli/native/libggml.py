@@ -65,6 +65,23 @@ _BASE = {
     "ggml_cont_2d": ([_VP, _VP, _I64, _I64], _VP),
     "ggml_permute": ([_VP, _VP, _I32, _I32, _I32, _I32], _VP),
     "ggml_set_rows": ([_VP, _VP, _VP, _VP], _VP),
+    "ggml_get_rows": ([_VP, _VP, _VP], _VP),
+    "ggml_top_k": ([_VP, _VP, _I32], _VP),
+    "ggml_argsort": ([_VP, _VP, _I32], _VP),
+    "ggml_argmax": ([_VP, _VP], _VP),
+    "ggml_cumsum": ([_VP, _VP], _VP),
+    "ggml_step": ([_VP, _VP], _VP),
+    "ggml_relu": ([_VP, _VP], _VP),
+    "ggml_sum": ([_VP, _VP], _VP),
+    "ggml_sub": ([_VP, _VP, _VP], _VP),
+    "ggml_scale": ([_VP, _VP, ctypes.c_float], _VP),
+    "ggml_scale_bias": ([_VP, _VP, ctypes.c_float, ctypes.c_float], _VP),
+    "ggml_clamp": ([_VP, _VP, ctypes.c_float, ctypes.c_float], _VP),
+    "ggml_cast": ([_VP, _VP, _I32], _VP),
+    "ggml_nelements": ([_VP], _I64),
+    "ggml_backend_cpu_buffer_from_ptr": ([_VP, _SZ], _VP),
+    "ggml_backend_tensor_alloc": ([_VP, _VP, _VP], _I32),
+    "ggml_backend_buffer_free": ([_VP], None),
     "ggml_set_input": ([_VP], None),
     "ggml_set_output": ([_VP], None),
     "ggml_nbytes": ([_VP], _SZ),
@@ -169,6 +186,28 @@ def tensor_array(tensor: int, n: int, dtype=np.float32) -> np.ndarray:
     raw = (_CTYPES[dtype] * n).from_address(load().base.ggml_get_data(tensor))
     array = np.ctypeslib.as_array(raw)
     return array.view(np.float16) if dtype == np.float16 else array
+
+
+def new_graph(nodes: int) -> tuple[int, int]:
+    """(context, graph): a context holding only the tensor headers of a graph of up to NODES
+    nodes (their data is placed by `allocate`), and the graph."""
+    b = load().base
+    size = nodes * b.ggml_tensor_overhead() + b.ggml_graph_overhead_custom(nodes, False)
+    ctx = b.ggml_init(InitParams(size, None, True))
+    if not ctx:
+        raise GgmlUnavailable("ggml_init failed (out of memory?)")
+    return ctx, b.ggml_new_graph_custom(ctx, nodes, False)
+
+
+def allocate(graph: int) -> int:
+    """A graph allocator that has placed GRAPH's tensors in CPU memory (free it after)."""
+    b = load().base
+    alloc = b.ggml_gallocr_new(b.ggml_backend_cpu_buffer_type())
+    if not alloc or not b.ggml_gallocr_alloc_graph(alloc, graph):
+        if alloc:
+            b.ggml_gallocr_free(alloc)
+        raise GgmlUnavailable("ggml cannot allocate a graph (out of memory?)")
+    return alloc
 
 
 def row_size(type_id: int, n_per_row: int) -> int:

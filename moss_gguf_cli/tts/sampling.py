@@ -140,10 +140,20 @@ def sample_one(
     rng: np.random.Generator,
     seen: np.ndarray | None = None,
 ) -> int:
-    """`sample_rows` for one 1-D row, the same token for the same logits and generator state,
-    with a fraction of its NumPy calls (a MOSS-TTS-Nano frame samples 17 rows one after
-    another, and a NumPy call costs 2-4 µs on a small CPU). LOGITS is modified in place
-    (penalty).
+    """`sample_rows` for one 1-D row, the same token for the same logits and generator state.
+    LOGITS is modified in place (penalty)."""
+    return pick_one(logits, params, None if params.greedy else rng.random(), seen)
+
+
+def pick_one(
+    logits: np.ndarray,
+    params: SamplingParams,
+    draw: float | None,
+    seen: np.ndarray | None = None,
+) -> int:
+    """sample_one with its uniform DRAW in [0, 1) given (unused when greedy), with a fraction
+    of sample_rows' NumPy calls (a NumPy call costs 2-4 µs on a small CPU). LOGITS is
+    modified in place (penalty).
 
     The finiteness checks run only when the best candidate is not finite: a penalty can only
     have left no finite logit (sample_rows' first check) if the best one is not finite."""
@@ -167,7 +177,7 @@ def sample_one(
     values = logits[ids].tolist()  # float32 to Python floats: exact
     if k > _PYTHON_TAIL or any(v != v for v in values):  # long rows and NaN: NumPy's order
         ids.sort()
-        return _sample_sorted(logits, ids, params, rng, picked)
+        return _sample_sorted(logits, ids, params, draw, picked)
     # (logit descending, id ascending), as sample_rows orders them
     ranked = sorted(zip([-v for v in values], ids.tolist(), strict=True))
     t = params.temperature
@@ -191,7 +201,7 @@ def sample_one(
         for p in kept:
             total += p
             cumulative.append(total)
-    draw = rng.random() * cumulative[-1]
+    draw *= cumulative[-1]
     pick = sum(1 for c in cumulative if c <= draw)
     return ranked[min(pick, k - 1)][1]
 
@@ -213,9 +223,9 @@ def _finite_check(logits: np.ndarray, params: SamplingParams) -> None:
                        hint="the backbone output is broken")  # fmt: skip
 
 
-def _sample_sorted(logits: np.ndarray, ids: np.ndarray, params: SamplingParams,
-                   rng: np.random.Generator, picked: np.ndarray | None) -> int:  # fmt: skip
-    """sample_one's NumPy tail over candidate IDS in ascending order."""
+def _sample_sorted(logits: np.ndarray, ids: np.ndarray, params: SamplingParams, draw: float,
+                   picked: np.ndarray | None) -> int:  # fmt: skip
+    """pick_one's NumPy tail over candidate IDS in ascending order."""
     values = logits[ids].astype(np.float64)
     order = np.argsort(-values, kind="stable")
     ids = ids[order]
@@ -230,7 +240,7 @@ def _sample_sorted(logits: np.ndarray, ids: np.ndarray, params: SamplingParams,
     if params.top_p < 1.0:
         probs[np.cumsum(probs) - probs >= params.top_p] = 0.0
     cumulative = np.cumsum(probs)
-    draw = rng.random() * cumulative[-1]
+    draw *= cumulative[-1]
     return int(ids[min(int((cumulative <= draw).sum()), ids.shape[0] - 1)])
 
 
@@ -259,11 +269,13 @@ class Sampler:
         except SamplingError as exc:
             raise exc.named("text_") from None
 
-    def one(self, kind: str, logits: np.ndarray, seen: np.ndarray | None = None) -> int:
-        """One token of a 1-D row with the KIND ("text" or "audio") settings (sample_one)."""
+    def pick(self, kind: str, logits: np.ndarray, draw: float,
+             seen: np.ndarray | None = None) -> int:  # fmt: skip
+        """One token of a 1-D row with the KIND ("text" or "audio") settings and a uniform
+        DRAW (pick_one)."""
         params = self.text_params if kind == "text" else self.audio_params
         try:
-            return sample_one(logits, params, self.rng, seen)
+            return pick_one(logits, params, draw, seen)
         except SamplingError as exc:
             raise exc.named(f"{kind}_") from None
 
