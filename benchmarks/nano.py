@@ -2,12 +2,13 @@
 audio, whether a stream keeps ahead of playback, two requests at once (issue #48).
 
     python benchmarks/nano.py [--types Q8_0,Q4_K_M,F16] [--threads 1,2] [--frames 100]
-                              [--rounds 3] [--json out.json] [--keep]
+                              [--rounds 3] [--tokenizer 16k|tiny] [--json out.json] [--keep]
 
 Writes a real-dims Nano checkpoint of random weights once (768 wide, 12 global layers, 1 local
-layer, 16 × 1024 codes, vocabulary 16384; bf16 `pytorch_model.bin` as the release ships it)
-under $MOSS_GGUF_BENCH_DIR (default /tmp/moss-gguf-bench), converts it with `moss-gguf all`
-(the builtin tiny codec: a codec of the release's size is not public as ONNX weights here) and
+layer, 16 × 1024 codes, vocabulary 16384; bf16 `pytorch_model.bin` as the release ships it;
+a tokenizer of 16384 pieces trained here, or the builtin's tiny one) under
+$MOSS_GGUF_BENCH_DIR (default /tmp/moss-gguf-bench), converts it with `moss-gguf all` (the
+builtin tiny codec: a codec of the release's size is not public as ONNX weights here) and
 measures, for each file type and thread count, medians of ROUNDS:
 
 - engine: frames/s of the frame loop (global + local + heads + sampling + codec), and where the
@@ -54,26 +55,60 @@ TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away."
 RATE, PCM_RATE = 48_000, 24_000
 
 
-def checkpoint() -> Path:
-    dest = ROOT / "nano-real"
+def tokenizer_16k() -> bytes:
+    """A SentencePiece model of the release's size (16384 pieces; the builtin tiny one has
+    384, which cuts TEXT into 54 pieces where a vocabulary this size makes ~22), laid out as
+    the tiny one (scripts/make_tiny_nano_tokenizer.py), trained on the first 400k lines of
+    this Python's standard library: the release's own tokenizer is not reachable offline."""
+    import io
+    import sysconfig
+
+    import sentencepiece as spm
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from make_tiny_nano_tokenizer import CONTROL
+
+    files = sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py"))
+
+    def lines():
+        for path in files:
+            try:
+                text = path.read_text(encoding="utf-8")
+            except (UnicodeDecodeError, OSError):
+                continue
+            yield from (line.strip() for line in text.splitlines() if len(line.strip()) > 20)
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=lines(), model_writer=model, model_type="bpe", vocab_size=16384,
+        hard_vocab_limit=False, byte_fallback=True, character_coverage=1.0,
+        normalization_rule_name="nmt_nfkc", unk_id=0, bos_id=1, eos_id=2, pad_id=3,
+        user_defined_symbols=list(CONTROL), num_threads=2, minloglevel=2,
+        input_sentence_size=400_000, shuffle_input_sentence=False)  # fmt: skip
+    return model.getvalue()
+
+
+def checkpoint(tokenizer: str) -> Path:
+    dest = ROOT / ("nano-real" if tokenizer == "tiny" else "nano-real-16k")
     if (dest / "config.json").is_file():
         return dest
-    tmp = ROOT / ".nano-real.partial"
+    tmp = ROOT / f".{dest.name}.partial"
     tmp.mkdir(parents=True, exist_ok=True)
     config = copy.deepcopy(CONFIG)
     config["gpt2_config"].update(REAL)
     write_state_dict(tmp / "pytorch_model.bin", tiny_nano_state(config))
     shipped = resources.files("moss_gguf_cli.nano") / "data" / TOKENIZER_DATA
-    (tmp / "tokenizer.model").write_bytes(shipped.read_bytes())
+    model = shipped.read_bytes() if tokenizer == "tiny" else tokenizer_16k()
+    (tmp / "tokenizer.model").write_bytes(model)
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
     tmp.rename(dest)
     return dest
 
 
-def folder(types: list[str]) -> Path:
-    out = ROOT / "nano-real-folder"
+def folder(types: list[str], tokenizer: str) -> Path:
+    out = ROOT / ("nano-real-folder" if tokenizer == "tiny" else "nano-real-16k-folder")
     if not out.is_dir():
-        cmd = [sys.executable, "-m", "moss_gguf_cli", "all", "--model", str(checkpoint()),
+        cmd = [sys.executable, "-m", "moss_gguf_cli", "all", "--model", str(checkpoint(tokenizer)),
                "--output", str(out), "-q", "--audio-tokenizer",
                str(ensure_tiny_nano_codec_folder())]  # fmt: skip
         for t in types:
@@ -197,12 +232,15 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--frames", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tokenizer", choices=["16k", "tiny"], default="16k",
+                    help="16k: one of the release's size, trained here (default); tiny: the "
+                    "builtin's 384 pieces (a prompt 2.5x as long)")  # fmt: skip
     ap.add_argument("--json", type=Path)
     ap.add_argument("--no-serve", action="store_true", help="the engine figures only")
     ap.add_argument("--keep", action="store_true", help="keep the converted folder")
     args = ap.parse_args()
     types = args.types.split(",")
-    out = folder(types)
+    out = folder(types, args.tokenizer)
     load = os.getloadavg()[0]
     table: dict[str, dict] = {}
     for file_type in types:
@@ -227,7 +265,7 @@ def main() -> None:
             if "two_at_once" in row:
                 print(f"          two at once: {row['two_at_once']}", flush=True)
     result = {"load_average_at_start": load, "frames": args.frames, "rounds": args.rounds,
-              "rows": table}  # fmt: skip
+              "tokenizer": args.tokenizer, "rows": table}  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     if not args.keep:
