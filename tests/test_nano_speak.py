@@ -20,6 +20,7 @@ import soundfile as sf
 import yaml
 from conftest import nano_yaml
 
+from moss_gguf_cli.errors import NumericError
 from moss_gguf_cli.nano.checkpoint import open_nano
 from moss_gguf_cli.nano.codec import DecodePlan
 from moss_gguf_cli.nano.config import TransformerDims
@@ -73,6 +74,44 @@ def test_synth_writes_exactly_two_seconds_of_48k_stereo(which, request, tmp_path
     data, _ = sf.read(str(out))
     assert np.abs(data).max() > 0.01  # sound, not silence
     assert done.stdout.decode().strip() == str(out)
+
+
+def test_sampling_settings_out_of_range_are_refused_in_one_line(tiny_nano_folder, tmp_path):
+    """synth refuses what the server's fields refuse (inside those ranges the frame graph's
+    float32 sampling cannot overflow): one line naming the setting, exit 2, no file."""
+    out = tmp_path / "n.wav"
+    for flag, value, name in (("--audio-repetition-penalty", "1e-45", "audio_repetition_penalty"),
+                              ("--text-temperature", "11", "text_temperature"),
+                              ("--audio-top-p", "0", "audio_top_p")):  # fmt: skip
+        done = synth(tiny_nano_folder / "moss-tts-nano.yaml", "--text", TEXT, flag, value,
+                     "-o", str(out))  # fmt: skip
+        err = done.stderr.decode().strip()
+        assert done.returncode == 2 and len(err.splitlines()) == 1 and name in err, err
+        assert not out.exists()
+    bad = nano_yaml(tiny_nano_folder, "bad-penalty.yaml", audio_repetition_penalty=50.0)
+    done = synth(bad, "--text", TEXT, "-o", str(out))
+    err = done.stderr.decode().strip()
+    assert done.returncode == 2 and len(err.splitlines()) == 1, err
+    assert "bad-penalty.yaml" in err and "audio_repetition_penalty" in err and not out.exists()
+
+
+def test_a_frame_with_no_finite_mass_is_refused_in_pick_ones_words(engine):
+    """A head that gives NaN logits (a broken model): the frame graph's check finds no finite
+    mass and pick_one, replayed on the graph's logits, says why, frame after frame."""
+    nano = engine.nano
+    arrays = load_arrays(engine.config.folder, list(local_files(nano)))
+    arrays = {Path(k).name[: -len(".npy")]: v for k, v in arrays.items()}
+    heads = [np.ascontiguousarray(engine.wte[[1, 2]]), *(t.copy() for t in engine.audio)]
+    heads[3][:] = np.nan
+    graph = GgmlLocal(arrays, nano.dims, nano.local_layers, heads, engine.wte[1], "F32", 2)
+    hidden = np.random.default_rng(0).standard_normal(nano.hidden).astype(np.float32)
+    try:
+        for sampling in (SAMPLINGS[0], SAMPLINGS[1]):  # sampled, then greedy
+            with pytest.raises(NumericError, match="NaN|no finite probability"):
+                graph.frame(hidden, Sampler(*sampling, seed=1), allow_stop=False)
+            assert graph.seen.sum() == 0  # a refused frame leaves no code seen
+    finally:
+        graph.close()
 
 
 def test_greedy_runs_repeat_exactly_and_seeds_decide_sampling(tiny_nano_folder, engine, tmp_path):

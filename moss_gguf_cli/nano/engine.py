@@ -26,7 +26,7 @@ import numpy as np
 import yaml
 
 from ..disk.confine import boundary, child, confined
-from ..errors import InputError, ToolError
+from ..errors import InputError, ToolError, UsageError
 from ..native.cpu_features import physical_cores
 from ..native.libggml import GgmlUnavailable
 from ..source.nano_codec import open_nano_codec
@@ -107,6 +107,10 @@ class NanoFolderConfig:
                                             for k, v in values.items()})  # fmt: skip
         except (TypeError, ValueError) as exc:
             raise InputError(f"a sampling value has the wrong type ({exc})", path=path) from None
+        try:
+            settings.check()
+        except UsageError as exc:  # refused when the folder loads, not at each request
+            raise InputError(str(exc), path=path) from None
         codec = inside("audio_tokenizer_dir") if data.get("audio_tokenizer_dir") else None
         local_type = str(data.get("local_type") or DEFAULT_LOCAL_TYPE)
         if local_type not in LOCAL_TYPES:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UsageError
+from ..tts.sampling import PENALTY_RANGE, TEMPERATURE_MAX, TOP_K_MAX
 
 DEFAULT_N_CTX = 2048
 
@@ -38,6 +39,20 @@ class NanoSettings:
         if self.min_new_tokens > self.max_new_tokens:
             raise UsageError(f"min_new_tokens {self.min_new_tokens} is above max_new_tokens "
                              f"{self.max_new_tokens}")  # fmt: skip
+        # the server's ranges (serve/schemas.py): inside them the frame graph's float32
+        # sampling cannot overflow (nano/ggml_local.py)
+        for kind in ("text", "audio"):
+            self._within(f"{kind}_temperature", 0.0, TEMPERATURE_MAX)
+            self._within(f"{kind}_top_k", 0, TOP_K_MAX)
+            top_p = getattr(self, f"{kind}_top_p")
+            if not 0.0 < top_p <= 1.0:
+                raise UsageError(f"{kind}_top_p must be in (0, 1], got {top_p}")
+        self._within("audio_repetition_penalty", *PENALTY_RANGE)
+
+    def _within(self, key: str, low: float, high: float) -> None:
+        value = getattr(self, key)
+        if not low <= value <= high:  # NaN too
+            raise UsageError(f"{key} must be from {low:g} to {high:g}, got {value}")
 
 
 SETTING_KEYS = tuple(f.name for f in dataclasses.fields(NanoSettings) if f.name != "seed")
