@@ -20,6 +20,7 @@ from typing import Protocol
 import gguf
 import numpy as np
 
+from ..bf16 import bfloat16
 from ..disk.page_cache import SourcePages
 from ..errors import InputError, NumericError
 from ..hold_points import hold
@@ -150,10 +151,8 @@ def convert_rows(t: GGUFTensor, raw: np.ndarray, s: Scratch) -> np.ndarray:
             return raw  # bf16 → f32 → bf16 is the identity for finite values
         if q == QT.F16:
             # ml_dtypes casts bf16 → f16 in one step, exactly as numpy's f32 → f16 rounds
-            import ml_dtypes
-
             out = s.take(np.float16, raw.shape)
-            np.copyto(out, raw.view(ml_dtypes.bfloat16), casting="unsafe")
+            np.copyto(out, raw.view(bfloat16()), casting="unsafe")
             return out
         f32 = s.take(np.float32, raw.shape)
         np.left_shift(raw, 16, out=f32.view(np.uint32), dtype=np.uint32)

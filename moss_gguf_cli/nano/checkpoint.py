@@ -13,13 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
+from ..bf16 import bfloat16
 from ..disk.confine import boundary, confined
 from ..errors import InputError
 from ..source.checkpoint import INDEX_NAME, SINGLE_NAME, read_json, read_tensors
-from ..source.torch_pickle import read_state_dict
 from .config import NanoConfig, TransformerDims, is_nano
 
 TORCH_NAME = "pytorch_model.bin"
@@ -140,9 +139,12 @@ def _read_weights(root: Path, edge: Path) -> tuple[Path, dict[str, np.ndarray]]:
             path=root,
             hint="point --model at a MOSS-TTS-Nano checkpoint folder",
         )
+    # lazy: the unpickler's bf16 storage type imports ml_dtypes (half a second; bf16.py)
+    from ..source.torch_pickle import read_state_dict
+
     return path, read_state_dict(confined(path, edge)).tensors
 
 
 def _from_safetensors(raw: np.ndarray, dtype: str) -> np.ndarray:
     # source/safetensors_io keeps bf16 as its bits; the Nano room speaks ml_dtypes' bfloat16
-    return raw.view(ml_dtypes.bfloat16) if dtype == "BF16" else raw
+    return raw.view(bfloat16()) if dtype == "BF16" else raw

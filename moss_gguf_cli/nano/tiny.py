@@ -18,13 +18,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
+from ..bf16 import bfloat16
 from ..errors import InputError
 from ..source.tiny import build_cached, cache_root
 from ..source.tiny_nano_codec import ensure_tiny_nano_codec
-from ..source.torch_save import write_state_dict
 from .checkpoint import TOKENIZER_NAME, TORCH_NAME, expected_shapes, tied_names
 from .config import NanoConfig
 
@@ -78,10 +77,10 @@ def tiny_nano_state(config: dict[str, Any] = CONFIG, seed: int = 0) -> dict[str,
             values = values / np.float32(shape[1] ** 0.5)
         else:
             values = 0.1 * values
-        state[name] = values.astype(ml_dtypes.bfloat16)
+        state[name] = values.astype(bfloat16())
         if name == "transformer.ln_f.bias":  # upstream's module order: the unused table next
             local = rng.standard_normal((nano.dims.vocab, nano.hidden), dtype=np.float32)
-            state["local_transformer.wte.weight"] = (0.1 * local).astype(ml_dtypes.bfloat16)
+            state["local_transformer.wte.weight"] = (0.1 * local).astype(bfloat16())
     for head, table in tied.items():
         state[head] = state[table]  # one object: one storage in the file
     return state
@@ -89,7 +88,11 @@ def tiny_nano_state(config: dict[str, Any] = CONFIG, seed: int = 0) -> dict[str,
 
 def write_tiny_nano(folder: Path) -> Path:
     """The checkpoint's three files in FOLDER."""
+    # lazy: the writer's bf16 storage type imports ml_dtypes (half a second; bf16.py)
+    from ..source.torch_save import write_state_dict
+
     (folder / "config.json").write_text(json.dumps(CONFIG, indent=2) + "\n")
+
     write_state_dict(folder / TORCH_NAME, tiny_nano_state())
     shipped = resources.files("moss_gguf_cli.nano") / "data" / TOKENIZER_DATA
     (folder / TOKENIZER_NAME).write_bytes(shipped.read_bytes())

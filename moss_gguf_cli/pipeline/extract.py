@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
+from ..bf16 import bfloat16
 from ..disk.digests import HashRecord, TableFacts
 from ..disk.layout_names import BACKBONE_DIR, EMBEDDING_DIR, LM_HEAD_DIR, META_NAME
 from ..disk.page_cache import SourcePages
@@ -121,9 +122,7 @@ def npy_header(shape: tuple[int, ...], dtype: str) -> bytes:
 def _cast_rows(raw: np.ndarray, src_dtype: str, out: np.ndarray) -> None:
     """Cast a block of source values into `out` (float16 or float32), exactly."""
     if src_dtype == "BF16":
-        import ml_dtypes  # imported here: it adds half a second to every CLI start
-
-        np.copyto(out, raw.view(ml_dtypes.bfloat16), casting="unsafe")
+        np.copyto(out, raw.view(bfloat16()), casting="unsafe")
     else:
         np.copyto(out, raw, casting="unsafe")
 

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import gguf
-import ml_dtypes
 import numpy as np
 
+from ..bf16 import bfloat16
 from ..disk.digests import HashRecord
 from ..disk.page_cache import SourcePages
 from ..disk.sinks import appender
@@ -361,7 +361,7 @@ def _widen_into(src: np.ndarray, dst: np.ndarray, qtype: _QT) -> None:
         if qtype == _QT.F16:
             small = np.flatnonzero((src & 0x7FFF) < _F16_NORMAL_BF16)
             if small.size:
-                tiny = src.reshape(-1)[small].view(ml_dtypes.bfloat16).astype(np.float16)
+                tiny = src.reshape(-1)[small].view(bfloat16()).astype(np.float16)
                 dst.reshape(-1)[small] = tiny.astype(np.float32)
     else:
         np.copyto(dst, src, casting="unsafe")
@@ -371,7 +371,7 @@ def _as_intermediate(data: np.ndarray, t: GGUFTensor) -> np.ndarray:
     """The bytes the f16/bf16 intermediate holds for these rows (for a type that stays)."""
     if t.qtype == _QT.F16 and data.dtype == np.uint16:
         out = np.empty(data.shape, np.float16)
-        np.copyto(out, data.view(ml_dtypes.bfloat16), casting="unsafe")
+        np.copyto(out, data.view(bfloat16()), casting="unsafe")
         return out
     return np.ascontiguousarray(data)
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
+from ..bf16 import bfloat16
 from ..errors import InputError
 
 # the legacy dtype-typed storage classes torch pickles for a tensor's storage (`torch.XStorage`)
@@ -34,7 +34,7 @@ STORAGE_DTYPES: dict[str, np.dtype] = {
     "FloatStorage": np.dtype("<f4"),
     "DoubleStorage": np.dtype("<f8"),
     "HalfStorage": np.dtype("<f2"),
-    "BFloat16Storage": np.dtype(ml_dtypes.bfloat16),
+    "BFloat16Storage": bfloat16(),
     "LongStorage": np.dtype("<i8"),
     "IntStorage": np.dtype("<i4"),
     "ShortStorage": np.dtype("<i2"),

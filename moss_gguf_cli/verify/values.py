@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..bf16 import bfloat16
 from ..disk.digests import HashRecord, sha256_file
 from ..gguf.read import GgufFile
 from ..source.checkpoint import TensorRef
@@ -307,8 +308,6 @@ def _check_values(values, res: FileResult, done: int, row_len: int, scratch) -> 
 
 
 def _compare_with_source(values, res, src: TensorRef, fd: int, done: int, row_len: int, dtype):
-    import ml_dtypes
-
     sdt = SOURCE_DTYPES.get(src.dtype)
     if sdt is None:
         res.source_problem = f"source {src.name} has dtype {src.dtype}"
@@ -326,7 +325,7 @@ def _compare_with_source(values, res, src: TensorRef, fd: int, done: int, row_le
         with np.errstate(over="ignore"):
             cast = merged[done - first * row_len:][: values.size].astype(dtype)
     elif src.dtype == "BF16":
-        cast = s.view(ml_dtypes.bfloat16).astype(dtype)
+        cast = s.view(bfloat16()).astype(dtype)
     else:
         cast = s.astype(dtype)
     uint = np.dtype(f"<u{dtype.itemsize}")
