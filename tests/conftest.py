@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -39,12 +40,53 @@ def llama_tree() -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Every `python -m moss_gguf_cli` a test starts imports the package from source; this
+    # machine sets PYTHONDONTWRITEBYTECODE, so without compiled files each start compiles ~150
+    # modules again (0.4 s of a 0.7 s start). Compiled once here, by the controller only.
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        import compileall
+
+        compileall.compile_dir(REPO / "moss_gguf_cli", quiet=1)
+
+
+def run_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder this run's workers share: pytest's base folder of the run (xdist gives each
+    worker a folder inside it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session")
+def quantize_bin(llama_tree: Path) -> Path:
+    """llama-quantize of the pinned llama.cpp tree."""
+    from moss_gguf_cli.native import llama_tools
+
+    exe = llama_tools.find_quantize_binary(llama_tree)
+    assert exe is not None and exe.is_file()
+    return exe
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Builtin checkpoints go to a per-session cache, also for CLI subprocesses."""
-    cache = tmp_path_factory.mktemp("moss-gguf-cache")
+    """Builtin checkpoints go to a cache of this run's, also for CLI subprocesses; the workers
+    of one run share it (source/tiny.build_cached renames a finished checkpoint into place)."""
+    cache = run_root(tmp_path_factory) / "moss-gguf-cache"
+    cache.mkdir(exist_ok=True)
     os.environ["MOSS_GGUF_CACHE"] = str(cache)
     return cache
+
+
+@pytest.fixture(scope="session")
+def builds(tmp_path_factory: pytest.TempPathFactory, _isolated_cache: Path):
+    """The run's shared build cache (tests/builds.py): each folder built once, its digest
+    checked when the session ends."""
+    from builds import Builds
+
+    cache = Builds(run_root(tmp_path_factory) / "builds")
+    yield cache
+    changed = cache.changed()
+    assert not changed, f"a test changed a shared build (ask builds.copy for your own): {changed}"
 
 
 @pytest.fixture(scope="session")
@@ -55,22 +97,35 @@ def tiny_model(_isolated_cache: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_extracted(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_extracted(builds, tiny_model: Path) -> Path:
+    """builtin:tiny through `extract` (the run's shared build)."""
     from moss_gguf_cli.pipeline.extract import extract
 
-    out = tmp_path_factory.mktemp("extracted") / "tiny"
-    extract(tiny_model, out, source_model="builtin:tiny")
-    return out
+    def make(out: Path) -> None:
+        extract(tiny_model, out, source_model="builtin:tiny")
+
+    return builds.make("tiny-extracted", make, str(tiny_model), leaf="tiny").path
 
 
 @pytest.fixture(scope="session")
-def tiny_f16_gguf(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """builtin:tiny's backbone as an f16 GGUF, by the native converter."""
-    from moss_gguf_cli.pipeline.convert import convert
+def odd_model(builds) -> Path:
+    """A tiny delay checkpoint whose rows of 320 and 832 columns no 256 divides (832 not even
+    64), in a folder named model (the name is in test_delay_gguf's golden files)."""
+    from moss_gguf_cli.source.tiny import TinySpec, write_tiny
 
-    out = tmp_path_factory.mktemp("gguf") / "backbone_f16.gguf"
-    convert(tiny_model, out, outtype="f16")
-    return out
+    def make(out: Path) -> None:
+        out.mkdir()
+        write_tiny(out, TinySpec(hidden=320, intermediate=832, heads=5, kv_heads=1, head_dim=64,
+                                 n_vq=4))  # fmt: skip
+
+    return builds.make("odd-model", make, leaf="model").path
+
+
+@pytest.fixture(scope="session")
+def tiny_f16_gguf(builds, tiny_extracted: Path) -> Path:
+    """builtin:tiny's backbone as an f16 GGUF, by the native converter: the same bytes from
+    the checkpoint, the extraction or its backbone folder (test_convert checks it)."""
+    return tiny_gguf(builds, tiny_extracted, "f16")
 
 
 @pytest.fixture(autouse=True)
@@ -152,14 +207,15 @@ TINY_SYNTH_YAML = {
 }
 
 
-def tiny_gguf(extracted: Path, outtype: str) -> Path:
-    """The tiny backbone as a GGUF, converted once per session beside the extraction."""
+def tiny_gguf(builds, extracted: Path, outtype: str) -> Path:
+    """The tiny backbone as a GGUF of OUTTYPE, converted once per run (a shared build)."""
     from moss_gguf_cli.pipeline.convert import convert
 
-    out = extracted.parent / f"tiny-backbone-{outtype}.gguf"
-    if not out.is_file():
+    def make(out: Path) -> None:
         convert(extracted, out, outtype=outtype)
-    return out
+
+    name = f"backbone_{outtype}.gguf"
+    return builds.make(f"tiny-{outtype}", make, str(extracted), leaf=name).path
 
 
 def write_yaml(path: Path, **values) -> Path:
@@ -170,7 +226,7 @@ def write_yaml(path: Path, **values) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_weights(tiny_extracted: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_weights(builds, tiny_extracted: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A weights folder as `all` lays it out (moss-tts.yaml: TINY_SYNTH_YAML), with links to
     the session's extraction: what `synth` and `serve` speak with."""
     import shutil
@@ -178,13 +234,38 @@ def tiny_weights(tiny_extracted: Path, tmp_path_factory: pytest.TempPathFactory)
     from moss_gguf_cli.source.tiny_codec import ensure_tiny_codec
 
     root = tmp_path_factory.mktemp("weights")
-    (root / "backbone_f16.gguf").symlink_to(tiny_gguf(tiny_extracted, "f16"))
+    (root / "backbone_f16.gguf").symlink_to(tiny_gguf(builds, tiny_extracted, "f16"))
     (root / "embeddings").symlink_to(tiny_extracted / "embeddings")
     (root / "lm_heads").symlink_to(tiny_extracted / "lm_heads")
     (root / "tokenizer").symlink_to(tiny_extracted / "qwen3_backbone")
     shutil.copy(tiny_extracted / "extraction_meta.json", root / "extraction_meta.json")
     ensure_tiny_codec(root / "audio_tokenizer")
     write_yaml(root / "moss-tts.yaml", **TINY_SYNTH_YAML)
+    return root
+
+
+@pytest.fixture(scope="session")
+def q4_weights(builds, tiny_weights: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny_weights with its backbone quantized to Q4_K_M by the real command (the GGUF a
+    shared build, the folder links and a YAML)."""
+    import yaml
+
+    f16 = (tiny_weights / "backbone_f16.gguf").resolve()
+
+    def make(out: Path) -> None:
+        done = subprocess.run([sys.executable, "-m", "moss_gguf_cli", "quantize", str(f16),
+                               str(out), "Q4_K_M"], capture_output=True, text=True)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+
+    q4 = builds.make("tiny-q4_k_m", make, str(f16), leaf="backbone_q4_k_m.gguf").path
+    root = tmp_path_factory.mktemp("weights-q4")
+    for item in tiny_weights.iterdir():
+        if item.name != "moss-tts.yaml" and not item.name.endswith(".gguf"):
+            (root / item.name).symlink_to(item.resolve())
+    (root / q4.name).symlink_to(q4)
+    config = yaml.safe_load((tiny_weights / "moss-tts.yaml").read_text())
+    config["backbone_gguf"] = q4.name
+    (root / "moss-tts.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return root
 
 
@@ -222,22 +303,10 @@ def assert_speak_alike(folders, text: str) -> None:
         np.testing.assert_array_equal(first.waveform, other.waveform)
 
 
-def _nano_all(model: str, out: Path, *args: str) -> Path:
-    """`moss-gguf all` on a Nano input, as a user runs it."""
-    import subprocess
-    import sys
-
-    cmd = [sys.executable, "-m", "moss_gguf_cli", "all", "--model", model, "--output", str(out),
-           "-q", *args]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    return out
-
-
 @pytest.fixture(scope="session")
-def tiny_nano_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """builtin:tiny-nano's folder (Q8_0, the tiny codec)."""
-    return _nano_all("builtin:tiny-nano", tmp_path_factory.mktemp("nano") / "w")
+def tiny_nano_folder(builds) -> Path:
+    """builtin:tiny-nano's folder (Q8_0, the tiny codec): the run's shared build."""
+    return builds.all("--model", "builtin:tiny-nano").path
 
 
 @pytest.fixture(scope="session")
@@ -255,15 +324,24 @@ def release_nano_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source = tmp_path_factory.mktemp("nano-release") / "release"
     write_release(source, CONFIG, release_state(CONFIG, torch.bfloat16, seed=5))
     shutil.copyfile(ensure_tiny_nano() / "tokenizer.model", source / "tokenizer.model")
-    return _nano_all(str(source), source.parent / "w", "--audio-tokenizer",
-                     str(ensure_tiny_nano_codec_folder()))  # fmt: skip
+    out = source.parent / "w"
+    done = subprocess.run([sys.executable, "-m", "moss_gguf_cli", "all", "--model", str(source),
+                           "--output", str(out), "-q", "--audio-tokenizer",
+                           str(ensure_tiny_nano_codec_folder())], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return out
 
 
-def nano_yaml(folder: Path, name: str, **values) -> Path:
-    """A copy of FOLDER's moss-tts-nano.yaml (beside it) with VALUES changed."""
+def nano_yaml(folder: Path, name: str, tmp: Path, **values) -> Path:
+    """FOLDER's moss-tts-nano.yaml with VALUES changed, as NAME in a copy of FOLDER under TMP
+    (hard links: a shared build is never written to)."""
     import yaml
+    from builds import Builds
 
+    copy = tmp / f"{folder.name}-copy"
+    if not copy.exists():
+        Builds.copy(folder, copy)
     data = yaml.safe_load((folder / "moss-tts-nano.yaml").read_text())
-    path = folder / name
+    path = copy / name
     path.write_text(yaml.safe_dump({**data, **values}, sort_keys=False))
     return path

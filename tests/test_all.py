@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from builds import Built
 
 from moss_gguf_cli.pipeline.run import STEPS
 
@@ -46,15 +47,14 @@ def statuses(stdout: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
-    out = tmp_path_factory.mktemp("all") / "weights-demo"
-    proc = run_all_cli(out)
-    return out, proc
+def finished(builds) -> tuple[Path, Built]:
+    """README command 1's folder: `all --model builtin:tiny`, shared by the run."""
+    built = builds.all("--model", "builtin:tiny")
+    return built.path, built
 
 
 def test_all_builds_a_verified_weights_folder(finished) -> None:
-    out, proc = finished
-    assert proc.returncode == 0, proc.stderr
+    out, proc = finished  # builds.all has checked its exit status
     # the default engine is the direct one: no intermediate, so no convert step
     assert statuses(proc.stdout) == {**dict.fromkeys(STEPS, "done"), "convert": "skipped"}
     assert "quantized straight from the checkpoint" in proc.stdout
@@ -66,15 +66,19 @@ def test_all_builds_a_verified_weights_folder(finished) -> None:
     assert config["backbone_gguf"] == "backbone_q4_k_m.gguf"
     assert (out / config["audio_decoder_onnx"]).is_file()
     # nothing else is left beside the output: no work folder, no intermediate GGUF
-    assert sorted(p.name for p in out.parent.iterdir()) == ["weights-demo"]
+    assert sorted(p.name for p in out.parent.iterdir()) == [out.name]
     assert not list(out.rglob("*f16*.gguf"))
 
 
-def test_rerun_of_a_finished_run_only_verifies(finished) -> None:
-    out, _ = finished
+def test_rerun_of_a_finished_run_only_verifies(finished, builds, tmp_path: Path) -> None:
+    out = builds.copy(finished[0], tmp_path / "w")
+    before = snapshot(out)
     proc = run_all_cli(out)
     assert proc.returncode == 0, proc.stderr
     assert statuses(proc.stdout) == {**dict.fromkeys(STEPS[:-1], "skipped"), "verify": "done"}
+    # verified, nothing rewritten but the card, which names this copy's --output
+    assert {k: v for k, v in snapshot(out).items() if k != "README.md"} == {
+        k: v for k, v in before.items() if k != "README.md"}  # fmt: skip
 
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
@@ -140,11 +144,11 @@ def test_a_work_folder_of_other_inputs_is_not_resumed(tmp_path: Path, held_run) 
     assert statuses(again.stdout)["layout"] == "done"
 
 
-def test_all_fails_when_verify_cannot_run(finished, monkeypatch) -> None:
+def test_all_fails_when_verify_cannot_run(finished, builds, tmp_path: Path, monkeypatch) -> None:
     """verify that cannot even be imported fails `all`; it is never marked done unrun."""
     from moss_gguf_cli.pipeline.run import AllSettings, run_all
 
-    out, _ = finished
+    out = builds.copy(finished[0], tmp_path / "w")
     monkeypatch.setitem(sys.modules, "moss_gguf_cli.verify", None)  # import raises
     with pytest.raises(ImportError):
         run_all(AllSettings(model="builtin:tiny", output=out))

@@ -117,22 +117,18 @@ def test_a_recipe_runs_and_flags_override_it(tmp_path: Path):
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A project root as upstream's README sets it up: the two official repos under weights/."""
+def project(builds, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A project root as upstream's README sets it up: the two official repos under weights/,
+    the GGUF repo's files those of the run's shared `all --model builtin:tiny` (hard links)."""
     root = tmp_path_factory.mktemp("project")
     (root / "pyproject.toml").write_text("[project]\nname = 'mine'\n")
-    demo = root / ".demo"
-    done = subprocess.run(
-        [sys.executable, "-m", "moss_gguf_cli", "all", "--model", "builtin:tiny", "-q",
-         "--output", str(demo)], capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    demo = builds.all("--model", "builtin:tiny").path
     gguf = root / "weights" / "MOSS-TTS-GGUF"
+    gguf.mkdir(parents=True)
     for sub in ("embeddings", "lm_heads", "tokenizer"):
-        shutil.copytree(demo / sub, gguf / sub)
-    shutil.copyfile(demo / "backbone_q4_k_m.gguf", gguf / "MOSS_TTS_Q4_K_M.gguf")
+        builds.copy(demo / sub, gguf / sub)
+    builds.copy(demo / "backbone_q4_k_m.gguf", gguf / "MOSS_TTS_Q4_K_M.gguf")
     write_tiny_codec(root / "weights" / "MOSS-Audio-Tokenizer-ONNX", external_data=True)
-    shutil.rmtree(demo)
     shutil.copytree(CONFIGS / "llama_cpp", root / "configs" / "llama_cpp")
     (root / "scripts" / "deep").mkdir(parents=True)
     wav = np.sin(np.arange(24000) * 2 * np.pi * 220 / 24000).astype(np.float32) * 0.3

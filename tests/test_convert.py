@@ -21,6 +21,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from conftest import tiny_gguf
 from typer.testing import CliRunner
 
 from moss_gguf_cli.cli.app import app
@@ -52,12 +53,9 @@ def ggufs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def native(tiny_extracted: Path, ggufs: Path) -> dict[str, Path]:
-    """Native GGUFs of every out type, from the whole extract output folder."""
-    out = {}
-    for t in OUTTYPES:
-        out[t] = convert(tiny_extracted, ggufs / f"native-{t}.gguf", outtype=t).outfile
-    return out
+def native(builds, tiny_extracted: Path) -> dict[str, Path]:
+    """Native GGUFs of every out type, from the whole extract output folder (shared builds)."""
+    return {t: tiny_gguf(builds, tiny_extracted, t) for t in OUTTYPES}
 
 
 @pytest.fixture(scope="session")

@@ -36,7 +36,6 @@ from moss_gguf_cli.pipeline.first_class import convert_first_class
 from moss_gguf_cli.quantize.direct import quantize_checkpoint
 from moss_gguf_cli.quantize.llama import QuantizeSettings
 from moss_gguf_cli.source.first_class import plan_first_class
-from moss_gguf_cli.source.tiny import TinySpec, write_tiny
 
 TYPES = ["Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"]
 GOLDEN = {
@@ -57,17 +56,6 @@ GOLDEN = {
         "Q8_0": "105099aadd321b088ff30282c3850d309e0953beaa72b1efd8baf24d54532de9",
     },
 }
-ODD = TinySpec(hidden=320, intermediate=832, heads=5, kv_heads=1, head_dim=64, n_vq=4)
-
-
-@pytest.fixture(scope="session")
-def odd_model(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("odd-delay") / "model"  # the name is in the golden files
-    folder.mkdir()
-    write_tiny(folder, ODD)
-    return folder
-
-
 @pytest.fixture
 def model(request, tiny_model: Path, odd_model: Path) -> Path:
     assert tiny_model.name == "tiny-v3"  # the name is in the golden files

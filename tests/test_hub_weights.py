@@ -121,15 +121,10 @@ def run(*args: str, cache: Path, timeout: int = 600) -> subprocess.CompletedProc
 
 
 @pytest.fixture(scope="session")
-def demo_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """builtin:tiny through `all`: the files a pre-converted repo is made of."""
-    out = tmp_path_factory.mktemp("demo") / "w"
-    done = subprocess.run(
-        [sys.executable, "-m", "moss_gguf_cli", "all", "--model", "builtin:tiny", "-q",
-         "--output", str(out)], capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return out
+def demo_weights(builds) -> Path:
+    """builtin:tiny through `all` (the run's shared build): the files a pre-converted repo is
+    made of."""
+    return builds.all("--model", "builtin:tiny").path
 
 
 @pytest.fixture(scope="session")

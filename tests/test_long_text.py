@@ -18,7 +18,6 @@ import soundfile as sf
 from conftest import TINY_SYNTH_YAML as BASE
 from conftest import write_yaml
 from test_serve import start_serve
-from test_tts_engine import q4_weights  # noqa: F401 - a fixture
 from typer.testing import CliRunner
 
 from moss_gguf_cli.cli.app import app

@@ -56,10 +56,9 @@ def checked_card(folder: Path) -> ModelCard:
     return card
 
 
-def test_builtin_run_writes_a_card_without_base_model_and_verify_passes(tmp_path: Path) -> None:
-    out = tmp_path / "w"
-    done = run("all", "--model", "builtin:tiny", "--output", str(out), cache=tmp_path / "hub")
-    assert done.returncode == 0, done.stderr
+def test_builtin_run_writes_a_card_without_base_model_and_verify_passes(builds, tmp_path) -> None:
+    done = builds.all("--model", "builtin:tiny")  # the run's shared build
+    out = done.path
     assert "no base_model" in done.stderr and "--base-model" in done.stderr
     card = checked_card(out)
     assert card.data.base_model is None and card.data.license is None

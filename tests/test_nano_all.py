@@ -54,11 +54,9 @@ def hidden(gguf: Path, rows: np.ndarray) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def builtin_folder(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("nano") / "w"
-    rc, stdout, stderr = cli("all", "--model", "builtin:tiny-nano", "--output", str(out),
-                             cache=tmp_path_factory.mktemp("hf"))  # fmt: skip
-    assert rc == 0, stderr
+def builtin_folder(builds) -> Path:
+    built = builds.all("--model", "builtin:tiny-nano")  # the run's shared build
+    out, stdout = built.path, built.stdout
     assert "verify: 9 passed, 0 warnings, 0 failed" in stdout
     assert f"speak it: moss-gguf synth --config {out / 'moss-tts-nano.yaml'}" in stdout
     return out

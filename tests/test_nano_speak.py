@@ -88,7 +88,7 @@ def test_sampling_settings_out_of_range_are_refused_in_one_line(tiny_nano_folder
         err = done.stderr.decode().strip()
         assert done.returncode == 2 and len(err.splitlines()) == 1 and name in err, err
         assert not out.exists()
-    bad = nano_yaml(tiny_nano_folder, "bad-penalty.yaml", audio_repetition_penalty=50.0)
+    bad = nano_yaml(tiny_nano_folder, "bad-penalty.yaml", tmp_path, audio_repetition_penalty=50.0)
     done = synth(bad, "--text", TEXT, "-o", str(out))
     err = done.stderr.decode().strip()
     assert done.returncode == 2 and len(err.splitlines()) == 1, err
@@ -354,14 +354,14 @@ def _picks_near(logits: np.ndarray, params: SamplingParams, draw: float,
 
 
 def test_a_folder_can_speak_with_the_numpy_local_transformer(tiny_nano_folder, tmp_path):
-    config = nano_yaml(tiny_nano_folder, "numpy-local.yaml", local_type="numpy")
+    config = nano_yaml(tiny_nano_folder, "numpy-local.yaml", tmp_path, local_type="numpy")
     out = tmp_path / "n.wav"
     done = synth(config, "--text", TEXT, *FIXED, "-o", str(out))
     assert done.returncode == 0 and sf.info(str(out)).frames == 96_000, done.stderr.decode()
-    bad = nano_yaml(tiny_nano_folder, "bad-local.yaml", local_type="Q2_K")
+    bad = nano_yaml(tiny_nano_folder, "bad-local.yaml", tmp_path, local_type="Q2_K")
     done = synth(bad, "--text", TEXT, "-o", str(out))
     assert done.returncode == 2 and "local_type 'Q2_K' is not one of" in done.stderr.decode()
-    bad = nano_yaml(tiny_nano_folder, "bad-ctx.yaml", n_ctx="lots")
+    bad = nano_yaml(tiny_nano_folder, "bad-ctx.yaml", tmp_path, n_ctx="lots")
     done = synth(bad, "--text", TEXT, "-o", str(out))
     err = done.stderr.decode().strip()
     assert done.returncode == 2 and len(err.splitlines()) == 1 and "whole numbers" in err, err

@@ -32,14 +32,9 @@ def moss(*args: str, endpoint: str, home: Path, token: str | None = TOKEN):
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """builtin:tiny through `all`: a finished output folder with its card."""
-    out = tmp_path_factory.mktemp("made") / "w"
-    done = subprocess.run([sys.executable, "-m", "moss_gguf_cli", "all", "--model",
-                           "builtin:tiny", "--output", str(out), "-q"],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return out
+def folder(builds) -> Path:
+    """builtin:tiny through `all` (the run's shared build): a finished folder with its card."""
+    return builds.all("--model", "builtin:tiny").path
 
 
 @pytest.fixture

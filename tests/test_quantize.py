@@ -47,33 +47,9 @@ runner = CliRunner()
 
 
 @pytest.fixture(scope="session")
-def quantize_bin(llama_tree: Path) -> Path:
-    exe = lc.find_quantize_binary(llama_tree)
-    assert exe is not None and exe.is_file()
-    return exe
-
-
-@pytest.fixture(scope="session")
-def tiny_f16(tiny_extracted: Path, llama_tree: Path, tmp_path_factory) -> Path:
-    """builtin:tiny as an f16 GGUF: our converter when it exists, else llama.cpp's."""
-    out = tmp_path_factory.mktemp("f16") / "backbone_f16.gguf"
-    backbone = tiny_extracted / "qwen3_backbone"
-    try:
-        from moss_gguf_cli.pipeline.convert import convert
-    except ImportError:
-        convert = None
-    if convert is not None:
-        convert(backbone, out, outtype="f16")
-    else:
-        done = subprocess.run(
-            [sys.executable, str(llama_tree / lc.CONVERT_SCRIPT), str(backbone)]
-            + ["--outfile", str(out), "--outtype", "f16"],
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-    return out
+def tiny_f16(tiny_f16_gguf: Path) -> Path:
+    """builtin:tiny as an f16 GGUF by our converter (the run's shared build)."""
+    return tiny_f16_gguf
 
 
 @pytest.fixture(scope="session")

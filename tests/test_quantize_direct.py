@@ -19,30 +19,11 @@ import numpy as np
 import pytest
 
 from moss_gguf_cli.errors import UsageError
-from moss_gguf_cli.native import llama_tools as lc
 from moss_gguf_cli.pipeline.convert import convert
 from moss_gguf_cli.quantize.direct import quantize_checkpoint
 from moss_gguf_cli.quantize.llama import QuantizeSettings, inspect_gguf, load_imatrix
-from moss_gguf_cli.source.tiny import TinySpec, write_tiny
 
 TYPES = ["Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"]
-
-
-@pytest.fixture(scope="session")
-def quantize_bin(llama_tree: Path) -> Path:
-    exe = lc.find_quantize_binary(llama_tree)
-    assert exe is not None
-    return exe
-
-
-@pytest.fixture(scope="session")
-def odd_model(tmp_path_factory) -> Path:
-    """Rows of 320 and 832 columns: not divisible by 256 (832 not even by 64)."""
-    folder = tmp_path_factory.mktemp("odd") / "model"
-    folder.mkdir()
-    spec = TinySpec(hidden=320, intermediate=832, heads=5, kv_heads=1, head_dim=64, n_vq=4)
-    write_tiny(folder, spec)
-    return folder
 
 
 def chain(model: Path, exe: Path, folder: Path, types: list[str], *extra: str) -> dict[str, Path]:

@@ -462,7 +462,8 @@ def test_without_a_key_the_page_asks_for_none(browser, tiny_weights, tmp_path):
 def test_the_page_speaks_nano_in_stereo(browser, tiny_nano_folder, tmp_path):
     """A Nano server: the page takes its model from /v1/models, hides the language (the
     server has none), and plays the 48 kHz stereo stream; the player's WAV is its 2.0 s."""
-    config = nano_yaml(tiny_nano_folder, "page-nano.yaml", min_new_tokens=25, max_new_tokens=25)
+    config = nano_yaml(tiny_nano_folder, "page-nano.yaml", tmp_path, min_new_tokens=25,
+                       max_new_tokens=25)  # fmt: skip
     srv = start_serve(config, tmp_path / "s.log", "--voices", str(tmp_path / "voices"))
     try:
         browser.get(srv.url + "/")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_tts_engine import JOBS, q4_weights, utterance  # noqa: F401 - q4_weights: a fixture
+from test_tts_engine import JOBS, utterance
 
 from moss_gguf_cli.tts import SynthConfig, Synthesizer
 from moss_gguf_cli.tts.backbone import Backbone, BackboneSettings

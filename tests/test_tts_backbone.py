@@ -22,13 +22,13 @@ EXACT = BackboneSettings(
 
 
 @pytest.fixture(scope="module")
-def gguf_f32(tiny_extracted: Path) -> Path:
-    return tiny_gguf(tiny_extracted, "f32")
+def gguf_f32(builds, tiny_extracted: Path) -> Path:
+    return tiny_gguf(builds, tiny_extracted, "f32")
 
 
 @pytest.fixture(scope="module")
-def gguf_f16(tiny_extracted: Path) -> Path:
-    return tiny_gguf(tiny_extracted, "f16")
+def gguf_f16(builds, tiny_extracted: Path) -> Path:
+    return tiny_gguf(builds, tiny_extracted, "f16")
 
 
 # ---------------------------------------------------------------- torch reference

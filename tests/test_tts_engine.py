@@ -6,13 +6,10 @@ bits depend on the batch around it."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from moss_gguf_cli.progress import NullProgress
 from moss_gguf_cli.tts import SynthConfig, Synthesizer
@@ -21,24 +18,6 @@ from moss_gguf_cli.tts.engine import Utterance
 GREEDY = {"text_temperature": 0.0, "audio_temperature": 0.0}
 JOBS = [("One.", 40), ("Two words here.", 52), ("A third, longer sentence.", 64),
         ("Four.", 46)]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def q4_weights(tiny_weights: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tiny_weights with its backbone quantized to Q4_K_M by the real command."""
-    root = tmp_path_factory.mktemp("weights-q4")
-    for item in tiny_weights.iterdir():
-        if item.name != "moss-tts.yaml" and not item.name.endswith(".gguf"):
-            (root / item.name).symlink_to(item.resolve())
-    done = subprocess.run(
-        [sys.executable, "-m", "moss_gguf_cli", "quantize", str(tiny_weights / "backbone_f16.gguf"),
-         str(root / "backbone_q4_k_m.gguf"), "Q4_K_M"], capture_output=True, text=True,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    config = yaml.safe_load((tiny_weights / "moss-tts.yaml").read_text())
-    config["backbone_gguf"] = "backbone_q4_k_m.gguf"
-    (root / "moss-tts.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    return root
 
 
 @pytest.fixture(scope="module", params=["f16", "q4_k_m"])

@@ -47,11 +47,11 @@ GGUF_NAME = "backbone_q4_k_m.gguf"
 
 
 @pytest.fixture(scope="session")
-def chain(tiny_extracted: Path, tmp_path_factory) -> dict[str, Path]:
-    """The real chain on builtin:tiny: f16 GGUF, its Q4_K_M, and the laid-out weights folder."""
+def chain(tiny_extracted: Path, tiny_f16_gguf: Path, tmp_path_factory) -> dict[str, Path]:
+    """The real chain on builtin:tiny: f16 GGUF (the run's shared one), its Q4_K_M, and the
+    laid-out weights folder."""
     root = tmp_path_factory.mktemp("verify-chain")
-    f16 = root / "backbone_f16.gguf"
-    convert(tiny_extracted, f16, outtype="f16")
+    f16 = tiny_f16_gguf
     q4 = root / GGUF_NAME
     quantize(f16, q4, ["Q4_K_M"], engine="library")
     weights = root / "weights"
