@@ -3,7 +3,8 @@ ctypes handle for the ggml calls they do not bind, and the one process-wide log 
 
 llama.cpp keeps a single log callback per process (`llama_log_set`). Only this module sets
 it: `route_log` hands llama.cpp's log to a Python function (the quantize engines while
-libllama quantizes, tts's backbone for good), `restore_log` gives it back to
+libllama quantizes, tts's backbone for good), `restore_log` gives it back to the one routed
+before (so a quantize in a process that speaks leaves the backbone's hook in place), or to
 llama-cpp-python's own logger. A callback llama.cpp holds is kept referenced here as long
 as llama.cpp may call it.
 """
@@ -22,6 +23,7 @@ from typing import Any
 
 _lock = threading.Lock()
 _held: list[Any] = []  # callbacks (and what they point into) llama.cpp may still call
+_routes: list[Any] = []  # the callbacks route_log installed and restore_log has not undone
 
 
 def bindings() -> ModuleType:
@@ -70,19 +72,24 @@ def route_log(on_log: Callable[[int, bytes], None]) -> Any:
 
     with _lock:
         _held.append(callback)
-    llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
+        _routes.append(callback)
+        llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
     return callback
 
 
 def restore_log(callback: Any) -> None:
-    """llama-cpp-python's own logger in place of CALLBACK, which is then released."""
-    try:
-        from llama_cpp import _logger, llama_log_set
-
-        llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
-    except Exception:  # noqa: BLE001 - only the library's default logger is lost
-        pass
+    """CALLBACK undone and released: llama.cpp logs to the hook routed before it, else to
+    llama-cpp-python's own logger."""
     with _lock:
+        if callback in _routes:
+            _routes.remove(callback)
+        try:
+            from llama_cpp import _logger, llama_log_set
+
+            previous = _routes[-1] if _routes else _logger.llama_log_callback
+            llama_log_set(previous, ctypes.c_void_p(0))
+        except Exception:  # noqa: BLE001 - only the library's default logger is lost
+            pass
         if callback in _held:
             _held.remove(callback)
 
