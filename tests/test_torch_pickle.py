@@ -167,3 +167,61 @@ def test_what_is_not_a_torch_zip_or_not_a_state_dict_is_refused(tmp_path):
     torch.save({"w": torch.ones(2), "step": 7}, number)
     with pytest.raises(InputError, match="entry 'step' is not a tensor"):
         read_state_dict(number)
+
+
+# ------------------------------------------------- a checkpoint is untrusted input: bounded reads
+
+
+def test_a_compressed_entry_is_refused_before_it_is_inflated(tmp_path):
+    """torch.save stores its entries; a compressed one could inflate from a few bytes to any
+    size before its size is known (a 785-byte bzip2 entry made 2.2 GB), so none is read."""
+    path = tmp_path / "pytorch_model.bin"
+    torch.save({"w": torch.zeros(1 << 16)}, path)
+    with zipfile.ZipFile(path) as old:
+        entries = [(info, old.read(info)) for info in old.infolist()]
+    with zipfile.ZipFile(path, "w") as new:  # zipfile's own writer, the storage as bzip2
+        for info, raw in entries:
+            info.compress_type = (zipfile.ZIP_BZIP2 if info.filename.endswith("/data/0")
+                                  else zipfile.ZIP_STORED)  # fmt: skip
+            new.writestr(info, raw)
+    with zipfile.ZipFile(path) as check:
+        bz = next(i for i in check.infolist() if i.filename.endswith("/data/0"))
+        assert bz.compress_size < 200 < bz.file_size  # 256 KiB of zeros in a few bytes
+    with pytest.raises(InputError, match=r"data/0 is compressed; torch.save stores"):
+        read_state_dict(path)
+
+
+def test_a_view_needing_more_elements_than_its_storage_is_refused_by_name(tmp_path):
+    """A zero stride makes one stored float a million (a 13 KB file became a 787 MB folder)."""
+    path = tmp_path / "pytorch_model.bin"
+    torch.save({"ok": torch.ones(3), "spread": torch.ones(1).expand(1_000_000)}, path)
+    with pytest.raises(InputError) as caught:
+        read_state_dict(path)
+    line = caught.value.one_line()
+    assert "tensor 'spread'" in line and "needs 1000000 elements" in line and "holds 1" in line
+
+
+class _Marker:
+    """Pickled as a persistent id of the pickler's choosing."""
+
+
+def test_a_deep_shared_value_is_named_in_a_few_characters(tmp_path):
+    """60 nested pairs of one list pickle in a few hundred bytes; str() of them would be 2^60
+    characters long. The refusal quotes a bounded repr, at once."""
+    deep: list = []
+    for _ in range(60):
+        deep = [deep, deep]
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, obj):
+            return ("storage", deep) if isinstance(obj, _Marker) else None
+
+    data = io.BytesIO()
+    Pickler(data, protocol=2).dump({"w": _Marker()})
+    assert len(data.getvalue()) < 1000
+    path = tmp_path / "pytorch_model.bin"
+    torch.save({"w": torch.ones(1)}, path)
+    replaced(path, "/data.pkl", data.getvalue())
+    with pytest.raises(InputError, match="unknown persistent id") as caught:
+        read_state_dict(path)
+    assert len(caught.value.one_line()) < 400

@@ -15,8 +15,10 @@ imported or called), and refuses any other global in one line naming it before i
 from __future__ import annotations
 
 import io
+import math
 import pickle
 import re
+import reprlib
 import zipfile
 from _compat_pickle import IMPORT_MAPPING  # Python 2 module names → Python 3's
 from collections import OrderedDict
@@ -45,6 +47,18 @@ STORAGE_DTYPES: dict[str, np.dtype] = {
 # an untyped storage (bytes) is pickled as its class; its numel counts bytes
 UNTYPED = (("torch", "UntypedStorage"), ("torch.storage", "UntypedStorage"))
 _KEY = re.compile(r"[0-9A-Za-z_]{1,64}")  # a storage key names a zip entry: nothing else
+# data.pkl of a state dict is a few bytes a tensor: a model of 100k tensors needs ~10 MB
+MAX_PICKLE_BYTES = 256 << 20
+# how a value read from the pickle is shown in a message: a few levels and characters, however
+# deep or shared it is (str() of 60 nested pairs of one tuple would be 2^60 characters long)
+_SHOWN = reprlib.Repr()  # keywords only from Python 3.12
+_SHOWN.maxlevel, _SHOWN.maxtuple, _SHOWN.maxlist, _SHOWN.maxdict = 2, 4, 4, 4
+_SHOWN.maxstring = _SHOWN.maxother = 60
+
+
+def shown(value: Any) -> str:
+    """VALUE as a message may quote it: bounded, whatever it is."""
+    return _SHOWN.repr(value)[:80]
 _HINT = "the file is truncated or corrupt; download it again"
 _REFUSED_HINT = "only a plain state dict of tensors is read; use the model's safetensors if any"
 
@@ -104,17 +118,17 @@ class _StateDictUnpickler(pickle.Unpickler):
         # every way a pickle reaches a callable (GLOBAL, STACK_GLOBAL, INST, OBJ, EXT*) asks here
         found = _GLOBALS.get((module, name))
         if found is None:  # named as Python would import it (protocol 2 says __builtin__)
-            raise _Refused(f"{IMPORT_MAPPING.get(module, module)}.{name}")
+            raise _Refused(f"{IMPORT_MAPPING.get(module, module)[:80]}.{name[:80]}")
         return found
 
     def persistent_load(self, pid: Any) -> _Storage:
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
-            raise TypeError(f"unknown persistent id {str(pid)[:60]!r}")
+            raise TypeError(f"unknown persistent id {shown(pid)}")
         _, kind, key, _location, numel = pid
         if not isinstance(kind, _StorageType) or not isinstance(numel, int) or numel < 0:
             raise TypeError("a storage record of the wrong form")
         if not isinstance(key, str) or not _KEY.fullmatch(key):
-            raise TypeError(f"storage key {str(key)[:60]!r} is not a plain name")
+            raise TypeError(f"storage key {shown(key)} is not a plain name")
         return _Storage(key, kind.dtype, numel)
 
 
@@ -169,7 +183,7 @@ def _read(archive: zipfile.ZipFile, path: Path) -> TorchStateDict:
     top = top_folder(names, path)
     if f"{top}/byteorder" in names and archive.read(f"{top}/byteorder").strip() != b"little":
         raise InputError("was saved on a big-endian machine; only little-endian is read", path=path)
-    state = _unpickle(archive.read(f"{top}/data.pkl"), path)
+    state = _unpickle(_entry(archive, f"{top}/data.pkl", path, most=MAX_PICKLE_BYTES), path)
     if not isinstance(state, dict):
         raise InputError(
             f"holds a {type(state).__name__}, not a state dict", path=path, hint=_REFUSED_HINT
@@ -179,9 +193,7 @@ def _read(archive: zipfile.ZipFile, path: Path) -> TorchStateDict:
     storage_of: dict[str, str] = {}
     for name, view in state.items():
         if not isinstance(name, str) or not isinstance(view, _TensorView):
-            raise InputError(
-                f"entry {str(name)[:60]!r} is not a tensor", path=path, hint=_REFUSED_HINT
-            )
+            raise InputError(f"entry {shown(name)} is not a tensor", path=path, hint=_REFUSED_HINT)
         key = view.storage.key
         if key not in storages:
             storages[key] = _storage_array(archive, f"{top}/data/{key}", view.storage, path)
@@ -211,22 +223,45 @@ def _unpickle(data: bytes, path: Path) -> Any:
         IndexError,
         KeyError,
     ) as exc:
-        raise InputError(f"its pickle is malformed ({exc})", path=path, hint=_HINT) from None
+        raise InputError(f"its pickle is malformed ({str(exc)[:200]})", path=path,
+                         hint=_HINT) from None  # fmt: skip
+
+
+def _entry(archive: zipfile.ZipFile, entry: str, path: Path, *, most: int) -> bytes:
+    """ENTRY's bytes, read only when its declared size is at most MOST and it is stored as
+    torch.save stores every entry, uncompressed: a compressed entry could inflate to any size
+    from a few bytes before its size is known. zipfile checks the CRC."""
+    try:
+        info = archive.getinfo(entry)
+    except KeyError:
+        raise InputError(f"{entry} is missing", path=path, hint=_HINT) from None
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise InputError(f"{entry} is compressed; torch.save stores its entries as they are",
+                         path=path, hint=_HINT)  # fmt: skip
+    if info.file_size > most:
+        raise InputError(f"{entry} declares {info.file_size} bytes, more than the {most} its "
+                         "tensors need", path=path, hint=_HINT)  # fmt: skip
+    with archive.open(info) as f:
+        raw = f.read(most + 1)
+    if len(raw) != info.file_size:
+        raise InputError(f"{entry} holds {len(raw)} bytes, not the {info.file_size} it "
+                         "declares", path=path, hint=_HINT)  # fmt: skip
+    return raw
 
 
 def _storage_array(archive: zipfile.ZipFile, entry: str, storage: _Storage, path: Path):
-    try:
-        raw = archive.read(entry)  # zipfile checks the entry's CRC
-    except KeyError:
-        raise InputError(f"storage {entry} is missing", path=path, hint=_HINT) from None
-    if len(raw) != storage.numel * storage.dtype.itemsize:
+    size = storage.numel * storage.dtype.itemsize
+    if entry not in archive.NameToInfo:
+        raise InputError(f"storage {entry} is missing", path=path, hint=_HINT)
+    declared = archive.getinfo(entry).file_size
+    if declared != size:
         raise InputError(
-            f"storage {entry} holds {len(raw)} bytes, not {storage.numel} × "
+            f"storage {entry} holds {declared} bytes, not {storage.numel} × "
             f"{storage.dtype.itemsize}",
             path=path,
             hint=_HINT,
         )
-    return np.frombuffer(raw, dtype=storage.dtype)
+    return np.frombuffer(_entry(archive, entry, path, most=size), dtype=storage.dtype)
 
 
 def _view(storage: np.ndarray, view: _TensorView, name: str, path: Path) -> np.ndarray:
@@ -235,13 +270,17 @@ def _view(storage: np.ndarray, view: _TensorView, name: str, path: Path) -> np.n
     bad = len(shape) != len(stride) or offset < 0 or min(shape + stride, default=0) < 0
     last = offset + sum((n - 1) * s for n, s in zip(shape, stride, strict=False) if n > 0)
     empty = 0 in shape
+    where = f"tensor {shown(name)} (shape {shown(list(shape))}, stride {shown(list(stride))}, " \
+        f"offset {offset})"
     if bad or (not empty and last >= storage.size):
-        raise InputError(
-            f"tensor {name!r} (shape {list(shape)}, stride {list(stride)}, offset {offset}) "
-            f"reaches outside its storage of {storage.size} elements",
-            path=path,
-            hint=_HINT,
-        )
+        raise InputError(f"{where} reaches outside its storage of {storage.size} elements",
+                         path=path, hint=_HINT)  # fmt: skip
+    numel = math.prod(shape)
+    if numel > storage.size - offset:
+        # zero or overlapping strides: a few bytes stored would become any number written
+        raise InputError(f"{where} needs {numel} elements but its storage holds "
+                         f"{storage.size - offset} from its offset", path=path,
+                         hint=_HINT)  # fmt: skip
     if empty:
         none = np.zeros(shape, dtype=storage.dtype)
         none.flags.writeable = False  # as read-only as the views
