@@ -40,14 +40,46 @@ def llama_tree() -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
+# the CPUs this run may use; an xdist worker is pinned to its share of them (pytest_configure)
+RUN_CPUS: tuple[int, ...] = tuple(sorted(os.sched_getaffinity(0)))
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    # Every `python -m moss_gguf_cli` a test starts imports the package from source; this
-    # machine sets PYTHONDONTWRITEBYTECODE, so without compiled files each start compiles ~150
-    # modules again (0.4 s of a 0.7 s start). Compiled once here, by the controller only.
-    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        # Every `python -m moss_gguf_cli` a test starts imports the package from source; this
+        # machine sets PYTHONDONTWRITEBYTECODE, so without compiled files each start compiles
+        # ~150 modules again (0.4 s of a 0.7 s start). Compiled once, by the controller only.
         import compileall
 
         compileall.compile_dir(REPO / "moss_gguf_cli", quiet=1)
+    else:
+        # Each worker (and every process it starts) on its own share of the CPUs: ggml's and
+        # llama.cpp's thread pools size themselves by the cores a process may run on
+        # (native/cpu_features.physical_cores), and two workers' pools spinning on the same
+        # cores made a Nano test 1.5x slower. A test whose subject needs the whole machine
+        # starts its process on RUN_CPUS (unpinned).
+        index, count = int(worker.removeprefix("gw")), int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+        share = RUN_CPUS[index % len(RUN_CPUS)::count] or RUN_CPUS
+        os.sched_setaffinity(0, share)
+
+
+# The files that keep a worker busiest (a minute and more each), handed out first: xdist gives
+# the workers files in collection order, and a run that ends on one of them idles the other
+# worker meanwhile. Within a file, and among the others, the order is pytest's.
+SLOW_FIRST = ("test_quantize_direct.py", "test_delay_gguf.py", "test_hub_weights.py",
+              "test_lora.py", "test_all.py", "test_convert.py", "test_dual.py", "test_family.py",
+              "test_first_class_read.py", "test_push.py")  # fmt: skip
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # a stable sort
+
+
+def unpinned() -> None:
+    """A child's preexec_fn: the child runs on all of RUN_CPUS, as on a machine of its own."""
+    os.sched_setaffinity(0, RUN_CPUS)
 
 
 def run_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -119,6 +151,26 @@ def odd_model(builds) -> Path:
                                  n_vq=4))  # fmt: skip
 
     return builds.make("odd-model", make, leaf="model").path
+
+
+# llama-quantize's types the byte-identity tests compare (test_quantize, test_quantize_direct)
+QUANT_TYPES = ["Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"]
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_quantized(builds, tiny_f16_gguf: Path, quantize_bin: Path) -> dict[str, Path]:
+    """llama-quantize itself (not through moss-gguf) on the tiny f16 GGUF, a file a type."""
+
+    def quantized(file_type: str) -> Path:
+        def make(out: Path) -> None:
+            done = subprocess.run([str(quantize_bin), str(tiny_f16_gguf), str(out), file_type],
+                                  capture_output=True, text=True)  # fmt: skip
+            assert done.returncode == 0, done.stderr[-2000:]
+
+        key = (str(tiny_f16_gguf), str(quantize_bin), file_type)
+        return builds.make(f"llama-quantize-{file_type}", make, *key, leaf=f"{file_type}.gguf").path
+
+    return {t: quantized(t) for t in QUANT_TYPES}
 
 
 @pytest.fixture(scope="session")

@@ -36,6 +36,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from in_process import Ran, moss_gguf
 from safetensors.torch import load_file, save_file
 from tiny_audio_tokenizer import ODD, REAL_LIKE, write_codec
 
@@ -72,7 +73,11 @@ def codecs(tmp_path_factory) -> dict[str, Path]:
     return {k: write_codec(root / NAMES[k], SPECS[k]) for k in SPECS}
 
 
-def moss(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def moss(*args: str, env: dict | None = None) -> subprocess.CompletedProcess | Ran:
+    """`moss-gguf ARGS` through the Typer app and its catch point (tests/in_process.py); with
+    ENV (the Hub's variables, which huggingface_hub reads when it is imported) in a child."""
+    if not env:
+        return moss_gguf(*args)
     return subprocess.run(
         [sys.executable, "-m", "moss_gguf_cli", *args],
         capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})},

@@ -22,6 +22,7 @@ import gguf
 import numpy as np
 import pytest
 from conftest import tiny_gguf
+from gguf_reading import gguf_reader
 from typer.testing import CliRunner
 
 from moss_gguf_cli.cli.app import app
@@ -82,29 +83,13 @@ def llama(
 # --------------------------------------------------------------------------- helpers
 
 
-class PlainGGUFReader(gguf.GGUFReader):
-    """GGUFReader over a plain ndarray view of its memory map.
-
-    np.memmap's bookkeeping on every slice makes reading a 150k-token vocabulary (300k small
-    slices) several times slower; the parsing itself is gguf's own.
-    """
-
-    @property
-    def data(self) -> np.ndarray:
-        return self._plain
-
-    @data.setter
-    def data(self, value: np.ndarray) -> None:
-        self._plain = value.view(np.ndarray)
-
-
 @functools.cache
 def read_gguf(path: Path) -> tuple[dict, dict]:
     """(key → (value types, value), tensor name → (type, shape, sha256 of bytes)) of a GGUF.
 
     Cached: reading the 150k-token vocabulary takes seconds, and several tests read a file.
     """
-    reader = PlainGGUFReader(path)
+    reader = gguf_reader(path)
     kv = {
         k: (tuple(int(t) for t in f.types), f.contents())
         for k, f in reader.fields.items()

@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from gguf_reading import gguf_reader
 
 from moss_gguf_cli.disk.digests import sha256_file
 from moss_gguf_cli.errors import InputError
@@ -213,7 +214,7 @@ def _damage(path: Path, how: str, tmp_path: Path) -> Path:
         bad = tmp_path / "truncated.gguf"
         bad.write_bytes(path.read_bytes()[: path.stat().st_size - 4096])
         return bad
-    r = gguf.GGUFReader(path)
+    r = gguf_reader(path)
     bad = tmp_path / f"{how}.gguf"
     w = gguf.GGUFWriter(bad, "moss-tts-delay")
     for f in r.fields.values():

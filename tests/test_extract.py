@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from in_process import Ran, moss_gguf
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
@@ -23,8 +24,11 @@ from moss_gguf_cli.source.tiny import TinySpec, write_tiny
 runner = CliRunner()
 
 
-def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """The real console entry point in a child process: exit code, stderr, no traceback."""
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess | Ran:
+    """`moss-gguf ARGS` through the Typer app and its catch point (tests/in_process.py); with
+    ENV (the Hub's variables, which huggingface_hub reads when it is imported) in a child."""
+    if not env:
+        return moss_gguf(*args)
     return subprocess.run(
         [sys.executable, "-m", "moss_gguf_cli", *args],
         capture_output=True,

@@ -9,10 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 import yaml
+from gguf_reading import gguf_reader
 
 from moss_gguf_cli.errors import UnsupportedModelError
 from moss_gguf_cli.source.checkpoint import MossConfig, open_checkpoint
@@ -30,7 +30,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def gguf_tensor_names(path: Path) -> set[str]:
-    return {t.name for t in gguf.GGUFReader(path).tensors}
+    return {t.name for t in gguf_reader(path).tensors}
 
 
 @pytest.fixture(scope="module")

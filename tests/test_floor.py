@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFReader
+from gguf_reading import gguf_reader
 
 from moss_gguf_cli.doctor.environment import gpu_rows
 from moss_gguf_cli.tts import SynthConfig
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_step_bytes_are_the_gguf_tensors_a_step_reads(tiny_weights: Path):
     config = SynthConfig.from_yaml(tiny_weights / "moss-tts.yaml")
-    reader = GGUFReader(config.backbone_gguf)  # gguf-py's own reader, not ours
+    reader = gguf_reader(config.backbone_gguf)  # gguf-py's own reader, not ours
     sizes = {t.name: int(t.n_bytes) for t in reader.tensors}
     head = sizes["output.weight"]
     backbone, text_rows, heads = step_bytes(config)

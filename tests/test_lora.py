@@ -16,10 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 import torch
+from gguf_reading import gguf_reader
 from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.numpy import load_file, save_file
 from transformers import Qwen3ForCausalLM
@@ -94,7 +94,7 @@ def reference_gguf(tiny_extracted: Path, adapters: list[Path], llama_tree: Path,
 
 
 def tensors(path: Path) -> dict[str, np.ndarray]:
-    return {t.name: np.array(t.data) for t in gguf.GGUFReader(path).tensors}
+    return {t.name: np.array(t.data) for t in gguf_reader(path).tensors}
 
 
 def ulps(a: np.ndarray, b: np.ndarray) -> int:

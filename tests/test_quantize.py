@@ -21,6 +21,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from conftest import QUANT_TYPES
+from gguf_reading import gguf_reader
 from typer.testing import CliRunner
 
 from moss_gguf_cli.cli.app import app
@@ -38,7 +40,7 @@ from moss_gguf_cli.quantize.llama import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-TYPES = ["Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"]
+TYPES = QUANT_TYPES
 runner = CliRunner()
 
 
@@ -53,17 +55,9 @@ def tiny_f16(tiny_f16_gguf: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def references(tiny_f16: Path, quantize_bin: Path, tmp_path_factory) -> dict[str, Path]:
-    """llama-quantize run directly, not through moss-gguf."""
-    folder = tmp_path_factory.mktemp("reference")
-    refs = {}
-    for t in TYPES:
-        refs[t] = folder / f"{t}.gguf"
-        done = subprocess.run(
-            [str(quantize_bin), str(tiny_f16), str(refs[t]), t], capture_output=True, text=True
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-    return refs
+def references(tiny_llama_quantized: dict[str, Path]) -> dict[str, Path]:
+    """llama-quantize run directly, not through moss-gguf (the run's shared builds)."""
+    return tiny_llama_quantized
 
 
 def write_small_gguf(path: Path, *, arch: str = "qwen3", hidden: int = 64, ff: int = 48) -> Path:
@@ -339,7 +333,7 @@ def test_imatrix_is_byte_identical_in_both_engines(
         assert any("did not find weights" in n for n in notes["blk.0.attn_k.weight"])
         assert notes["blk.0.attn_q.weight"] == []
     assert "did not find weights for blk.0.attn_k.weight" in text
-    assert gguf.GGUFReader(ref).fields["quantize.imatrix.entries_count"].contents() == 3
+    assert gguf_reader(ref).fields["quantize.imatrix.entries_count"].contents() == 3
 
 
 # ----------------------------------------------------------------------------- bad input

@@ -17,13 +17,16 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from builds import Builds
+from conftest import QUANT_TYPES
+from gguf_reading import gguf_reader
 
 from moss_gguf_cli.errors import UsageError
 from moss_gguf_cli.pipeline.convert import convert
 from moss_gguf_cli.quantize.direct import quantize_checkpoint
 from moss_gguf_cli.quantize.llama import QuantizeSettings, inspect_gguf, load_imatrix
 
-TYPES = ["Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"]
+TYPES = QUANT_TYPES
 
 
 def chain(model: Path, exe: Path, folder: Path, types: list[str], *extra: str) -> dict[str, Path]:
@@ -49,16 +52,20 @@ def direct(model: Path, folder: Path, types: list[str], imatrix: Path | None = N
 
 
 @pytest.mark.parametrize("which", ["tiny", "odd"])
-def test_byte_identical_to_the_chain(which, tiny_model, odd_model, quantize_bin, tmp_path):
+def test_byte_identical_to_the_chain(which, tiny_model, odd_model, quantize_bin, tmp_path,
+                                     tiny_f16_gguf, tiny_llama_quantized):  # fmt: skip
     model = tiny_model if which == "tiny" else odd_model
-    refs = chain(model, quantize_bin, tmp_path, TYPES)
+    if which == "tiny":  # the chain on builtin:tiny is the run's shared f16 and its types
+        refs, f16 = tiny_llama_quantized, tiny_f16_gguf
+    else:
+        refs, f16 = chain(model, quantize_bin, tmp_path, TYPES), tmp_path / "chain_f16.gguf"
     got = direct(model, tmp_path, TYPES, keep_intermediate=True)
     assert [r.file_type for r in got.results] == TYPES
     for r in got.results:
         assert filecmp.cmp(r.output, refs[r.file_type], shallow=False), r.file_type
     # the kept intermediate is the chain's f16 GGUF itself
     assert got.intermediate == tmp_path / "backbone_f16.gguf"
-    assert filecmp.cmp(got.intermediate, tmp_path / "chain_f16.gguf", shallow=False)
+    assert filecmp.cmp(got.intermediate, f16, shallow=False)
     types = {t.name: t.type for t in inspect_gguf(refs["Q4_K_M"]).tensors.values()}
     if which == "odd":  # llama.cpp's fallbacks were taken, and reported
         assert types["blk.0.attn_q.weight"] != "Q4_K"
@@ -89,9 +96,8 @@ def write_imatrix(path: Path, f16: Path) -> tuple[Path, int]:
     return path, n
 
 
-def test_imatrix_types_byte_identical(tiny_model, quantize_bin, tmp_path):
-    f16 = tmp_path / "chain_f16.gguf"
-    convert(tiny_model, f16, outtype="f16")
+def test_imatrix_types_byte_identical(tiny_model, tiny_f16_gguf, quantize_bin, tmp_path):
+    f16 = Builds.copy(tiny_f16_gguf, tmp_path / "chain_f16.gguf")  # the chain's first step
     imatrix, entries = write_imatrix(tmp_path / "imatrix.gguf", f16)
     types = ["IQ4_XS", "Q4_K_M"]
     refs = chain(tiny_model, quantize_bin, tmp_path, types, "--imatrix", str(imatrix))
@@ -100,7 +106,7 @@ def test_imatrix_types_byte_identical(tiny_model, quantize_bin, tmp_path):
         assert filecmp.cmp(r.output, refs[r.file_type], shallow=False), r.file_type
     plain = direct(tiny_model, tmp_path / "plain", ["Q4_K_M"])
     assert not filecmp.cmp(plain.results[0].output, refs["Q4_K_M"], shallow=False)
-    fields = gguf.GGUFReader(got.results[0].output).fields
+    fields = gguf_reader(got.results[0].output).fields
     assert fields["quantize.imatrix.entries_count"].contents() == entries
 
 

@@ -24,6 +24,7 @@ import numpy as np
 import openai
 import pytest
 import soundfile as sf
+from conftest import unpinned
 from prometheus_client.parser import text_string_to_metric_families
 
 from moss_gguf_cli.hold_points import ENV as HOLD_ENV
@@ -61,14 +62,22 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def start_serve(config: Path, log: Path, *args: str, env: dict | None = None) -> Server:
-    """`moss-gguf serve --port 0` started and waited for: the URL it announces."""
+def _whole_machine() -> None:
+    _default_sigint()
+    unpinned()
+
+
+def start_serve(config: Path, log: Path, *args: str, env: dict | None = None,
+                whole_machine: bool = False) -> Server:  # fmt: skip
+    """`moss-gguf serve --port 0` started and waited for: the URL it announces. WHOLE_MACHINE:
+    on every CPU of the run, not the test worker's share (conftest.unpinned)."""
     cmd = [sys.executable, "-m", "moss_gguf_cli", "serve", "--config", str(config),
            "--host", "127.0.0.1", "--port", "0", *args]  # fmt: skip
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, **(env or {})},
-                                preexec_fn=_default_sigint)  # fmt: skip
+                                preexec_fn=_whole_machine if whole_machine
+                                else _default_sigint)  # fmt: skip
     deadline = time.monotonic() + TIMEOUT
     while not (found := re.search(r"http://127\.0\.0\.1:(\d+)/v1", log.read_text())):
         assert proc.poll() is None, f"serve exited {proc.returncode}: {log.read_text()}"

@@ -24,14 +24,16 @@ from pathlib import Path
 from .pins import LLAMA_CPP_PYTHON
 
 
-def physical_cores() -> int:
-    """The physical cores this process may run on (a core's second hardware thread shares
-    its arithmetic units: llama.cpp's own default counts cores, not threads); the logical
-    CPUs where /sys does not say."""
-    try:
-        cpus = sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+def physical_cores(cpus: Iterable[int] | None = None) -> int:
+    """The physical cores among CPUS, by default those this process may run on (a core's
+    second hardware thread shares its arithmetic units: llama.cpp's own default counts cores,
+    not threads); the logical CPUs where /sys does not say."""
+    if cpus is None:
+        try:
+            cpus = os.sched_getaffinity(0)
+        except (AttributeError, OSError):
+            return os.cpu_count() or 1
+    cpus = sorted(cpus)
     cores = set()
     for cpu in cpus:
         topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
