@@ -128,7 +128,7 @@ def test_weights_that_disagree_with_the_config_are_refused(tmp_path):
     bigger = copy.deepcopy(CONFIG)
     bigger["n_vq"] = 4
     write_release(tmp_path / "a", bigger, release_state(CONFIG))
-    with pytest.raises(InputError, match=r"tensor 'audio_embeddings.3.weight' is missing"):
+    with pytest.raises(InputError, match=r"n_vq is 4 but the weights hold 3 audio tables"):
         open_nano(tmp_path / "a")
     state = release_state(CONFIG)
     state["transformer.h.1.mlp.fc_in.weight"] = torch.zeros(47, 32, dtype=torch.bfloat16)
@@ -194,3 +194,60 @@ def test_all_refuses_a_nano_payload_before_any_output_exists(tmp_path):
     write_release(tmp_path / "nano", CONFIG, state)
     assert re.search(r"its pickle names \w+\.system,", refusal("all", tmp_path))
     assert not marker.exists()
+
+
+# ------------------------------------------ a checkpoint is untrusted input: its config's values
+
+
+def _with(key: str, value) -> dict:
+    config = copy.deepcopy(CONFIG)
+    section = config["gpt2_config"] if key.startswith("gpt2_config.") else config
+    section[key.split(".")[-1]] = value
+    return config
+
+
+HOSTILE = [
+    # values a ggml assertion or a later int32 would meet (a folder that passed verify then
+    # aborted the server)
+    ("gpt2_config.layer_norm_epsilon", -1, "layer_norm_epsilon is -1, not a number between 0"),
+    ("gpt2_config.layer_norm_epsilon", 0, "layer_norm_epsilon is 0, not a number between 0"),
+    ("gpt2_config.rope_base", 0, "rope_base is 0, not a number between 1"),
+    ("gpt2_config.rope_base", -10000.0, "rope_base is -10000.0, not a number between 1"),
+    ("audio_pad_token_id", 1e30, "audio_pad_token_id is 1e+30, not a token id"),
+    ("im_end_token_id", 2.5, "im_end_token_id is 2.5, not a token id"),
+    # counts that became gigabytes of names before a tensor was read
+    ("gpt2_config.n_layer", 3e6, "gpt2_config.n_layer is 3000000, more than any MOSS-TTS-Nano"),
+    ("n_vq", 3e8, "n_vq is 300000000, more than any MOSS-TTS-Nano"),
+    # counts the weights do not bear out
+    ("gpt2_config.n_layer", 3, "gpt2_config.n_layer is 3 but the weights hold 2 global layers"),
+    ("local_transformer_layers", 2, "local_transformer_layers is 2 but the weights hold 1"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "says"), HOSTILE, ids=[f"{k}={v}" for k, v, _ in HOSTILE])
+def test_a_config_value_the_runtime_cannot_take_is_refused_by_name(tmp_path, key, value, says):
+    write_release(tmp_path, _with(key, value), release_state(CONFIG))
+    with pytest.raises(InputError) as caught:
+        open_nano(tmp_path)
+    line = caught.value.one_line()
+    assert says in line and "config.json" in line, line
+
+
+def test_a_folder_whose_config_was_changed_after_all_is_refused_when_it_loads(tiny_nano_folder,
+                                                                               tmp_path):
+    """The same checks when a folder loads (synth, serve): one line, exit 2, no file."""
+    from builds import Builds
+
+    folder = tmp_path / "w"
+    Builds.copy(tiny_nano_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["gpt2_config"]["layer_norm_epsilon"] = -1
+    (folder / "config.json").unlink()  # a hard link: replaced, not written into
+    (folder / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "x.wav"
+    done = subprocess.run([sys.executable, "-m", "moss_gguf_cli", "synth", "--config",
+                           str(folder / "moss-tts-nano.yaml"), "--text", "Hi", "-o", str(out)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert "layer_norm_epsilon is -1" in lines[0] and not out.exists()

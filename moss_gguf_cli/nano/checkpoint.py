@@ -85,6 +85,20 @@ def is_nano_folder(root: Path) -> bool:
     return isinstance(config, dict) and is_nano(config)
 
 
+def _counts_agree(nano: NanoConfig, tensors: dict[str, np.ndarray], weights: Path) -> None:
+    """The config's layer and codebook counts are the weights' (a count the weights do not
+    bear out is named here, before anything is built from it)."""
+    counts = (("gpt2_config.n_layer", nano.dims.layers, "transformer.h.", "global layers"),
+              ("local_transformer_layers", nano.local_layers, "local_transformer.h.",
+               "local layers"),
+              ("n_vq", nano.n_vq, "audio_embeddings.", "audio tables"))  # fmt: skip
+    for key, said, prefix, what in counts:
+        held = {name[len(prefix):].split(".", 1)[0] for name in tensors if name.startswith(prefix)}
+        if said != len(held):
+            raise InputError(f"config.json's {key} is {said} but the weights hold {len(held)} "
+                             f"{what}", path=weights, hint=_HINT)  # fmt: skip
+
+
 def open_nano(root: Path) -> NanoCheckpoint:
     """Read and check a Nano folder: config first, then the weights (safetensors where the folder
     has them, else pytorch_model.bin), then every tensor's name and shape against the config."""
@@ -98,6 +112,7 @@ def open_nano(root: Path) -> NanoCheckpoint:
         raise InputError("config.json is not a JSON object", path=config_path)
     nano = NanoConfig.from_dict(config, config_path)
     weights, tensors = _read_weights(root, edge)
+    _counts_agree(nano, tensors, weights)
     for head, table in tied_names(nano).items():
         if head not in tensors and table in tensors:
             tensors[head] = tensors[table]  # the table, where the file left the head out
