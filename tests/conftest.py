@@ -356,6 +356,13 @@ def assert_speak_alike(folders, text: str) -> None:
 
 
 @pytest.fixture(scope="session")
+def tiny_first_class(builds) -> Path:
+    """builtin:tiny as a first-class folder, F16 and Q8_0 (the run's shared build)."""
+    return builds.all("--model", "builtin:tiny", "--format", "moss-tts-delay", "--quant", "F16",
+                      "--quant", "Q8_0").path
+
+
+@pytest.fixture(scope="session")
 def tiny_nano_folder(builds) -> Path:
     """builtin:tiny-nano's folder (Q8_0, the tiny codec): the run's shared build."""
     return builds.all("--model", "builtin:tiny-nano").path

@@ -66,12 +66,10 @@ def from_bare(bare: Path, codec: Path, tmp_path_factory: pytest.TempPathFactory)
 
 
 @pytest.fixture(scope="module")
-def bare_q8_0(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The fork's Q8_0 first-class file for builtin:tiny, alone in a folder."""
-    made = tmp_path_factory.mktemp("fc") / "fc"
-    done = cli("all", "--model", "builtin:tiny", "--format", "moss-tts-delay", "--quant", "Q8_0",
-               "--output", str(made), "-q")  # fmt: skip
-    assert done.returncode == 0, done.stderr
+def bare_q8_0(tiny_first_class: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fork's Q8_0 first-class file for builtin:tiny (from the run's shared `all`), alone in
+    a folder."""
+    made = tiny_first_class
     path = tmp_path_factory.mktemp("bare-q8_0") / "moss-tts-delay_q8_0.gguf"
     shutil.copy(made / path.name, path)
     assert sha256_file(path) == GOLDEN["tiny"]["Q8_0"]

@@ -32,13 +32,9 @@ NOT_CARRIED = {"tokenizer.ggml.bos_token_id", "GGUF.kv_count"}
 
 
 @pytest.fixture(scope="module")
-def first_class(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def first_class(tiny_first_class: Path) -> Path:
     """builtin:tiny as a first-class folder: f16 and Q8_0 GGUFs, tokenizer, codec."""
-    out = tmp_path_factory.mktemp("fc") / "fc"
-    done = cli("all", "--model", "builtin:tiny", "--output", str(out), "--format",
-               "moss-tts-delay", "--quant", "F16", "--quant", "Q8_0", "-q")  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return out
+    return tiny_first_class
 
 
 @pytest.fixture(scope="module")

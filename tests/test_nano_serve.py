@@ -19,7 +19,7 @@ import numpy as np
 import openai
 import pytest
 import soundfile as sf
-from conftest import RUN_CPUS
+from conftest import RUN_CPUS, nano_yaml
 from test_serve import KEY, TIMEOUT, add_voice, av_decode, start_serve
 from test_serve_stream import metric, wait_abandoned_and_idle
 
@@ -34,9 +34,12 @@ GREEDY = {**TWO_S, "text_temperature": 0, "audio_temperature": 0}
 
 @pytest.fixture(scope="module")
 def server(tiny_nano_folder, tmp_path_factory):
-    # on the whole machine: two requests at once get an engine a core
-    srv = start_serve(tiny_nano_folder / "moss-tts-nano.yaml",
-                      tmp_path_factory.mktemp("log") / "serve.log", "--api-key", KEY,
+    # on the whole machine, so that two requests at once get an engine a core; one thread an
+    # engine: an engine's two threads spinning against the other test worker made a stream
+    # 4x slower, and the engines step in turn on one thread anyway (serve/nano_worker.py)
+    config = nano_yaml(tiny_nano_folder, "serve-nano.yaml", tmp_path_factory.mktemp("nano"),
+                       n_threads=1)  # fmt: skip
+    srv = start_serve(config, tmp_path_factory.mktemp("log") / "serve.log", "--api-key", KEY,
                       "--voices", str(tmp_path_factory.mktemp("voices")),
                       whole_machine=True)  # fmt: skip
     yield srv
