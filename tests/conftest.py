@@ -1,4 +1,6 @@
-"""Shared fixtures: the builtin tiny checkpoint and its extraction, built once per session."""
+"""Shared fixtures: the builtin checkpoints and what is made of them, built once per run and
+shared by the xdist workers (tests/builds.py), the workers pinned to their CPUs, and the tests'
+helpers (held runs, YAMLs)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-# _isolated_cache points MOSS_GGUF_CACHE at a per-session folder; the llama.cpp tree is the
+# _isolated_cache points MOSS_GGUF_CACHE at a folder of the run's; the llama.cpp tree is the
 # user's, so remember the value from before (import time).
 _USER_CACHE = os.environ.get("MOSS_GGUF_CACHE")
 
