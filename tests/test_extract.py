@@ -256,6 +256,24 @@ def _only_bin(m: Path) -> None:
     (m / "pytorch_model.bin").write_bytes(b"\x80\x04not really a pickle")
 
 
+def _lang(**values) -> object:
+    return lambda m: edit_json(m / "config.json", lambda c: c["language_config"].update(values))
+
+
+def _fifo(name: str) -> object:
+    return lambda m: ((m / name).unlink(), os.mkfifo(m / name))
+
+
+def _as_int64(tensor: str) -> object:
+    def fn(m: Path) -> None:
+        shard = next(p for p in m.glob("*.safetensors") if tensor in _header_of(p))
+        tensors = load_file(shard)
+        tensors[tensor] = tensors[tensor].to(torch.int64)  # what a careless export may hold
+        save_file(tensors, shard, metadata={"format": "pt"})
+
+    return fn
+
+
 def _index_to(m: Path, rel: str) -> None:
     def fn(index: dict) -> None:
         index["weight_map"]["emb_ext.0.weight"] = rel
@@ -299,7 +317,7 @@ BAD_INPUTS = {
     "offsets past the end": (_corrupt_offsets, "past the end"),
     "missing emb_ext": (
         lambda m: _drop_tensor(m, "emb_ext.7.weight"),
-        "'emb_ext.7.weight' is missing",
+        "n_vq is 32 but the weights hold 31 audio tables",
     ),
     "missing lm_head": (
         lambda m: _drop_tensor(m, "lm_heads.12.weight"),
@@ -307,13 +325,43 @@ BAD_INPUTS = {
     ),
     "n_vq disagrees": (
         lambda m: edit_json(m / "config.json", lambda c: c.update(n_vq=31)),
-        "'emb_ext.31.weight' exists but config.json says n_vq = 31",
+        "n_vq is 31 but the weights hold 32 audio tables",
     ),
     "audio vocab disagrees": (
         lambda m: edit_json(m / "config.json", lambda c: c.update(audio_vocab_size=2048)),
         "config implies [2049, 256]",
     ),
     "only pickles": (_only_bin, "only pickled weights"),
+    # a checkpoint is untrusted input: values a ggml assertion would meet, counts that become
+    # gigabytes of names before a tensor is read, ids past their table, weights of odd dtypes
+    "negative eps": (_lang(rms_norm_eps=-1), "rms_norm_eps is -1, not a number between 0"),
+    "rope base 0": (_lang(rope_theta=0), "rope_theta is 0, not a number between 1"),
+    "3e6 layers": (_lang(num_hidden_layers=3e6), "num_hidden_layers is 3000000, more than any"),
+    "3e8 codebooks": (
+        lambda m: edit_json(m / "config.json", lambda c: c.update(n_vq=3e8)),
+        "n_vq is 300000000, more than any MOSS-TTS",
+    ),
+    "layers disagree": (_lang(num_hidden_layers=3), "is 3 but the weights hold 2 layers"),
+    "kv heads": (_lang(num_key_value_heads=3), "is not a multiple of num_key_value_heads 3"),
+    "an id past the vocabulary": (
+        lambda m: edit_json(m / "config.json", lambda c: c.update(im_end_token_id=10**6)),
+        "im_end_token_id 1000000 is outside the table of 151936 rows",
+    ),
+    "an id of 1e30": (
+        lambda m: edit_json(m / "config.json", lambda c: c.update(audio_pad_code=1e30)),
+        "audio_pad_code is 1e+30, not a token id",
+    ),
+    "an int64 weight": (_as_int64("emb_ext.3.weight"), "'emb_ext.3.weight' is stored as I64"),
+    # where a file belongs, something a read would block on or never finish
+    "config is a FIFO": (_fifo("config.json"), "config.json: is a FIFO, not a regular file"),
+    "a shard is a FIFO": (
+        _fifo("model-00001-of-00002.safetensors"),
+        "model-00001-of-00002.safetensors: is a FIFO, not a regular file",
+    ),
+    "a shard links to /dev/zero": (
+        lambda m: (_shard1(m).unlink(), _shard1(m).symlink_to("/dev/zero")),
+        "shard 'model-00001-of-00002.safetensors' points outside the model folder",
+    ),
 }
 
 

@@ -9,6 +9,7 @@ names, a manifest's entries) are checked by `child`.
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -92,3 +93,28 @@ def table_header(path: Path, shape: tuple[int | None, int | None] | None = None)
             hint="the table is from another model, or damaged; download it again",
         )
     return tuple(int(n) for n in got), dtype
+
+
+def present(path: Path) -> bool:
+    """Whether a file is at PATH: False where nothing is, True for a regular file (a link to
+    one included); anything else where a file belongs (a FIFO, a device, a socket, a folder) is
+    refused, never opened: reading a FIFO blocks forever, /dev/zero never ends."""
+    try:
+        mode = Path(path).stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):  # nothing there (a file where a folder was)
+        return False
+    except OSError as exc:  # a link loop, a name too long, no permission
+        raise InputError(f"cannot be read ({exc.strerror})", path=path) from None
+    if stat.S_ISREG(mode):
+        return True
+    raise InputError(f"is {_kind(mode)}, not a regular file", path=path,
+                     hint="put the file itself there")  # fmt: skip
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):  # fmt: skip
+        if test(mode):
+            return name
+    return "not a file"

@@ -8,12 +8,12 @@ engine use must be in the file, and a file that lacks one is refused naming the 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, UnsupportedModelError
+from ..source.config_values import ConfigValues
 
 MODEL_TYPE = "moss_tts_nano"
 ARCHITECTURE = "global_local_transformer"
@@ -34,7 +34,6 @@ MOST_LAYERS = 1024
 MOST_CODEBOOKS = 256
 MOST_WIDTH = 1 << 16  # n_embd, n_head
 MOST_ROWS = 1 << 24  # vocab_size, n_inner, a codebook, n_positions
-MOST_ID = (1 << 31) - 1  # token ids travel as int32
 
 
 def is_nano(config: dict[str, Any]) -> bool:
@@ -102,64 +101,29 @@ def _need(section: dict[str, Any], key: str, where: str, path: Path) -> Any:
     return section[key]
 
 
-def _positive(value: Any, name: str, path: Path, most: int = MOST_ROWS) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-            or int(value) != value or int(value) <= 0:
-        raise InputError(f"config.json's {name} is {value!r}, not a positive integer", path=path)
-    if value > most:
-        raise InputError(f"config.json's {name} is {int(value)}, more than any MOSS-TTS-Nano "
-                         f"has (at most {most} here)", path=path, hint=_HINT)  # fmt: skip
-    return int(value)
-
-
-def _token(value: Any, name: str, path: Path) -> int:
-    """An id: a whole number an int32 holds."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-            or int(value) != value or not 0 <= value <= MOST_ID:
-        raise InputError(f"config.json's {name} is {value!r}, not a token id (a whole number "
-                         f"from 0 to {MOST_ID})", path=path, hint=_HINT)  # fmt: skip
-    return int(value)
-
-
-def _real(value: Any, name: str, path: Path, low: float, high: float) -> float:
-    """A number strictly between LOW and HIGH: what ggml accepts without an assertion."""
-    if isinstance(value, bool) or not isinstance(value, int | float) \
-            or not (math.isfinite(value) and low < value < high):
-        raise InputError(f"config.json's {name} is {value!r}, not a number between {low:g} and "
-                         f"{high:g}", path=path, hint=_HINT)  # fmt: skip
-    return float(value)
-
-
 def _parse(config: dict[str, Any], path: Path) -> NanoConfig:
     gpt2 = _need(config, "gpt2_config", "", path)
     if not isinstance(gpt2, dict):
         raise InputError("config.json's gpt2_config is not an object", path=path, hint=_HINT)
     dims = _dims(gpt2, path)
-    n_vq = _positive(_need(config, "n_vq", "", path), "n_vq", path, MOST_CODEBOOKS)
+    v = ConfigValues(path, "MOSS-TTS-Nano", _HINT)
+    n_vq = v.positive(_need(config, "n_vq", "", path), "n_vq", MOST_CODEBOOKS)
     sizes = config.get("audio_codebook_sizes")
     if sizes is None:
         sizes = [_need(config, "audio_vocab_size", "", path)] * n_vq
     if not isinstance(sizes, list) or len(sizes) != n_vq:
         raise InputError(f"config.json's audio_codebook_sizes is not {n_vq} sizes", path=path)
-    sizes = tuple(_positive(s, "audio_codebook_sizes", path) for s in sizes)
-    pad = _token(_need(config, "audio_pad_token_id", "", path), "audio_pad_token_id", path)
+    sizes = tuple(v.positive(s, "audio_codebook_sizes", MOST_ROWS) for s in sizes)
+    pad = v.token(_need(config, "audio_pad_token_id", "", path), "audio_pad_token_id")
     if pad < max(sizes):
         raise InputError(
             f"config.json's audio_pad_token_id {pad} lies inside a codebook of {max(sizes)}",
             path=path,
             hint=_HINT,
         )
-    tokens = {key: _token(_need(config, key, "", path), key, path) for key in TOKEN_KEYS}
-    outside = {k: v for k, v in tokens.items() if not 0 <= v < dims.vocab}
-    if outside:
-        key = next(iter(outside))
-        raise InputError(
-            f"config.json's {key} {tokens[key]} is outside the text vocabulary of {dims.vocab}",
-            path=path,
-            hint=_HINT,
-        )
-    local = _positive(_need(config, "local_transformer_layers", "", path),
-                      "local_transformer_layers", path, MOST_LAYERS)  # fmt: skip
+    tokens = {key: v.token(_need(config, key, "", path), key, dims.vocab) for key in TOKEN_KEYS}
+    local = v.positive(_need(config, "local_transformer_layers", "", path),
+                       "local_transformer_layers", MOST_LAYERS)  # fmt: skip
     return NanoConfig(n_vq, sizes, pad, local, tokens, dims)
 
 
@@ -177,8 +141,12 @@ def _dims(gpt2: dict[str, Any], path: Path) -> TransformerDims:
             f"gpt2_config.activation_function is {activation!r}; only 'gelu_new' is converted",
             path=path,
         )
-    hidden = _positive(_need(gpt2, "n_embd", where, path), "gpt2_config.n_embd", path, MOST_WIDTH)
-    heads = _positive(_need(gpt2, "n_head", where, path), "gpt2_config.n_head", path, MOST_WIDTH)
+    v = ConfigValues(path, "MOSS-TTS-Nano", _HINT)
+
+    def count(key: str, most: int = MOST_ROWS) -> int:
+        return v.positive(_need(gpt2, key, where, path), where + key, most)
+
+    hidden, heads = count("n_embd", MOST_WIDTH), count("n_head", MOST_WIDTH)
     if hidden % heads or (hidden // heads) % 2:
         raise InputError(
             f"gpt2_config.n_embd {hidden} does not split into {heads} heads of an even size",
@@ -194,16 +162,16 @@ def _dims(gpt2: dict[str, Any], path: Path) -> TransformerDims:
     context = gpt2.get("n_positions")
     return TransformerDims(
         hidden=hidden,
-        layers=_positive(_need(gpt2, "n_layer", where, path), "gpt2_config.n_layer", path,
-                         MOST_LAYERS),  # fmt: skip
+        layers=count("n_layer", MOST_LAYERS),
         heads=heads,
-        inner=4 * hidden if inner is None else _positive(inner, "gpt2_config.n_inner", path),
-        vocab=_positive(_need(gpt2, "vocab_size", where, path), "gpt2_config.vocab_size", path),
-        context=None if context is None else _positive(context, "gpt2_config.n_positions", path),
+        inner=4 * hidden if inner is None else v.positive(inner, "gpt2_config.n_inner", MOST_ROWS),
+        vocab=count("vocab_size"),
+        context=None if context is None else v.positive(context, "gpt2_config.n_positions",
+                                                        MOST_ROWS),  # fmt: skip
         # ggml asserts eps >= 0; 0 divides a constant row by zero
-        eps=_real(_need(gpt2, "layer_norm_epsilon", where, path),
-                  "gpt2_config.layer_norm_epsilon", path, 0.0, 1.0),
-        rope_base=_real(_need(gpt2, "rope_base", where, path), "gpt2_config.rope_base", path,
-                        1.0, 1e12),  # base**(-2i/d) must shrink: a base of 1 or less does not
+        eps=v.real(_need(gpt2, "layer_norm_epsilon", where, path),
+                   "gpt2_config.layer_norm_epsilon", 0.0, 1.0),
+        rope_base=v.real(_need(gpt2, "rope_base", where, path), "gpt2_config.rope_base",
+                         1.0, 1e12),  # base**(-2i/d) must shrink: a base of 1 or less does not
         activation=activation,
     )

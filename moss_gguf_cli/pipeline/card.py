@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import __version__
+from ..disk.confine import present
 from ..disk.layout_names import MANIFEST_NAME
 from ..disk.staging import human_bytes
 from ..errors import UsageError
@@ -74,8 +75,11 @@ def card_source(
 
 def _name_or_path(folder: Path) -> str | None:
     """The checkpoint config's own _name_or_path, when it is a Hub repo id."""
+    path = folder / "config.json"
+    if not present(path):  # a FIFO or a device there is refused, never opened
+        return None
     try:
-        name = json.loads((folder / "config.json").read_text()).get("_name_or_path")
+        name = json.loads(path.read_text()).get("_name_or_path")
     except (OSError, ValueError, AttributeError):
         return None
     return name if isinstance(name, str) and is_repo_id(name) else None

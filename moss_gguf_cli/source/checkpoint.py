@@ -14,11 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from ..disk.confine import boundary, child, confined
+from ..disk.confine import boundary, child, confined, present
 from ..errors import InputError, UnsupportedModelError
 from ..gguf.qwen3_names import layer_shapes
 from ..gguf.stream import RowDelta
 from ..progress import ProgressReporter
+from .config_values import ConfigValues
 from .hub import download, is_repo_id
 from .safetensors_io import TensorInfo, read_header, to_f32
 from .token_ids import TOKEN_DEFAULTS
@@ -38,6 +39,14 @@ TOKENIZER_FILES = (
 # README.md: the source's model card, whose license and language the output's card carries
 HUB_PATTERNS = ["*.safetensors", INDEX_NAME, "config.json", "README.md", *TOKENIZER_FILES]
 BUILTIN_PREFIX = "builtin:"
+_CONFIG_HINT = "config.json should be the release's own; download it again"
+# Bounds far above any MOSS-TTS (the 8B: 36 layers of 4096, 32 codebooks of 1024, a vocabulary
+# of 155k) that keep a hostile count from becoming gigabytes of names and shapes before a
+# tensor is read; whether a count agrees with the weights is checked when they are read.
+MOST_LAYERS = 1024
+MOST_CODEBOOKS = 256
+MOST_WIDTH = 1 << 16  # hidden size, heads, head size
+MOST_ROWS = 1 << 24  # vocabularies, the feed-forward width, positions
 
 # names used by some ports for the same facts
 _KEY_VARIANTS = {
@@ -98,31 +107,54 @@ class MossConfig:
                 raise InputError(f"config is missing {where}{key}", path=path)
             return section[key]
 
-        try:
-            hidden = int(need(lang, "hidden_size", "language_config."))
-            heads = int(need(lang, "num_attention_heads", "language_config."))
-            audio_vocab = int(pick("audio_vocab_size", 1024))
-            return cls(
-                n_vq=int(pick("n_vq", 32)),
-                audio_vocab_size=audio_vocab,
-                audio_pad_code=int(pick("audio_pad_code", audio_vocab)),
-                hidden_size=hidden,
-                intermediate_size=int(need(lang, "intermediate_size", "language_config.")),
-                num_layers=int(need(lang, "num_hidden_layers", "language_config.")),
-                num_heads=heads,
-                num_kv_heads=int(lang.get("num_key_value_heads") or heads),
-                head_dim=int(lang.get("head_dim") or hidden // heads),
-                vocab_size=int(need(lang, "vocab_size", "language_config.")),
-                rms_norm_eps=float(lang.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(lang.get("rope_theta", 1e6)),
-                max_position_embeddings=int(lang.get("max_position_embeddings", 40960)),
-                sampling_rate=int(config.get("sampling_rate", 24000)),
-                model_type=str(config.get("model_type", "moss_tts_delay")),
-                variant=variant_name(config),
-                **{k: int(config.get(k, v)) for k, v in TOKEN_DEFAULTS.items()},
-            )
-        except (TypeError, ValueError) as exc:
-            raise InputError(f"config has a value of the wrong type ({exc})", path=path) from exc
+        v = ConfigValues(path or Path("config.json"), "MOSS-TTS", _CONFIG_HINT)
+
+        def count(section: dict, key: str, where: str, most: int, default: Any = None) -> int:
+            value = section.get(key)
+            if value is None and default is None:
+                value = need(section, key, where)
+            return v.positive(default if value is None else value, where + key, most)
+
+        hidden = count(lang, "hidden_size", "language_config.", MOST_WIDTH)
+        heads = count(lang, "num_attention_heads", "language_config.", MOST_WIDTH)
+        kv_heads = count(lang, "num_key_value_heads", "language_config.", MOST_WIDTH, heads)
+        if heads % kv_heads:  # llama.cpp's grouped attention asserts it
+            raise InputError(f"config's language_config.num_attention_heads {heads} is not a "
+                             f"multiple of num_key_value_heads {kv_heads}", path=path,
+                             hint=_CONFIG_HINT)  # fmt: skip
+        vocab = count(lang, "vocab_size", "language_config.", MOST_ROWS)
+        audio_vocab = v.positive(pick("audio_vocab_size", 1024), "audio_vocab_size", MOST_ROWS)
+        return cls(
+            n_vq=v.positive(pick("n_vq", 32), "n_vq", MOST_CODEBOOKS),
+            audio_vocab_size=audio_vocab,
+            # the pad code indexes a table of audio_vocab + 1 rows
+            audio_pad_code=v.token(pick("audio_pad_code", audio_vocab), "audio_pad_code",
+                                   audio_vocab + 1),  # fmt: skip
+            hidden_size=hidden,
+            intermediate_size=count(lang, "intermediate_size", "language_config.", MOST_ROWS),
+            num_layers=count(lang, "num_hidden_layers", "language_config.", MOST_LAYERS),
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=count(lang, "head_dim", "language_config.", MOST_WIDTH,
+                           max(hidden // heads, 1)),  # fmt: skip
+            vocab_size=vocab,
+            # ggml asserts eps >= 0; a rope base of 1 or less does not rotate
+            rms_norm_eps=v.real(_default(lang.get("rms_norm_eps"), 1e-6),
+                                "language_config.rms_norm_eps", 0.0, 1.0),  # fmt: skip
+            rope_theta=v.real(_default(lang.get("rope_theta"), 1e6),
+                              "language_config.rope_theta", 1.0, 1e12),  # fmt: skip
+            max_position_embeddings=count(lang, "max_position_embeddings", "language_config.",
+                                          MOST_ROWS, 40960),  # fmt: skip
+            sampling_rate=v.positive(_default(config.get("sampling_rate"), 24000),
+                                     "sampling_rate", 1_000_000),  # fmt: skip
+            model_type=str(config.get("model_type", "moss_tts_delay")),
+            variant=variant_name(config),
+            **{k: v.token(_default(config.get(k), d), k, vocab) for k, d in TOKEN_DEFAULTS.items()},
+        )
+
+
+def _default(value: Any, default: Any) -> Any:
+    return default if value is None else value
 
 
 def variant_name(config: dict[str, Any]) -> str:
@@ -203,6 +235,8 @@ class MossCheckpoint:
 
 
 def read_json(path: Path, what: str) -> Any:
+    if not present(path):
+        raise InputError(f"{what} not found", path=path)
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
@@ -271,7 +305,7 @@ def detect_lookalike(config: dict[str, Any], path: Path) -> None:
 
 def _shard_files(root: Path) -> tuple[list[Path], dict[str, Path] | None]:
     index = root / INDEX_NAME
-    if index.exists():
+    if present(index):
         data = read_json(index, "safetensors index")
         weight_map = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
@@ -287,7 +321,7 @@ def _shard_files(root: Path) -> tuple[list[Path], dict[str, Path] | None]:
             by_tensor[tensor] = child(root, rel, "shard", index)
         shards = list(dict.fromkeys(by_tensor.values()))
         for shard in shards:
-            if not shard.is_file():
+            if not present(shard):
                 raise InputError(
                     f"shard {shard.name} named by the index is missing",
                     path=index,
@@ -295,7 +329,7 @@ def _shard_files(root: Path) -> tuple[list[Path], dict[str, Path] | None]:
                 )
         return shards, by_tensor
     single = root / SINGLE_NAME
-    if single.is_file():
+    if present(single):
         return [single], None
     pickles = sorted(p.name for p in root.glob("*.bin")) + sorted(p.name for p in root.glob("*.pt"))
     if pickles:
@@ -325,7 +359,7 @@ def open_checkpoint(root: Path) -> MossCheckpoint:
             path=root,
             hint=_ONLY_DELAY,
         )
-    if not config_path.is_file():
+    if not present(config_path):
         raise InputError(
             "config.json is missing",
             path=root,
@@ -340,14 +374,14 @@ def open_checkpoint(root: Path) -> MossCheckpoint:
 
     shards, tensors = read_tensors(root)
     _check_tensors(tensors, moss, config_path)
-    tokenizer = [confined(root / n, edge) for n in TOKENIZER_FILES if (root / n).is_file()]
+    tokenizer = [confined(root / n, edge) for n in TOKENIZER_FILES if present(root / n)]
     return MossCheckpoint(root, config, moss, tensors, shards, tokenizer)
 
 
 def read_tensors(root: Path) -> tuple[list[Path], dict[str, TensorRef]]:
     """The shards of a safetensors folder (index + shards, or one file) and every tensor in them."""
     edge = boundary(root)
-    if (root / INDEX_NAME).exists():
+    if present(root / INDEX_NAME):
         confined(root / INDEX_NAME, edge)
     shards, by_tensor = _shard_files(root)
     for shard in shards:  # before a header is read: a link out is never opened
@@ -397,6 +431,7 @@ def _check_tensors(tensors: dict[str, TensorRef], moss: MossConfig, config_path:
             path=config_path.parent,
             hint=_ONLY_DELAY,
         )
+    _counts_agree(tensors, moss, config_path)
     for name, shape in expected_shapes(moss).items():
         ref = tensors.get(name)
         if ref is None:
@@ -411,13 +446,35 @@ def _check_tensors(tensors: dict[str, TensorRef], moss: MossConfig, config_path:
                 path=ref.path,
                 hint="config.json and the weights disagree; re-download both",
             )
-    extra = f"emb_ext.{moss.n_vq}.weight"
-    if extra in tensors:
-        raise InputError(
-            f"tensor {extra!r} exists but config.json says n_vq = {moss.n_vq}",
-            path=config_path,
-            hint="config.json and the weights disagree",
-        )
+    _plain_dtypes([tensors[name] for name in expected_shapes(moss)])
+
+
+def _counts_agree(tensors: dict[str, TensorRef], moss: MossConfig, config_path: Path) -> None:
+    """The config's layer and codebook counts are the weights' (a count the weights do not
+    bear out is named here, before a name or shape is built from it)."""
+    for key, said, prefix, what in (
+        ("language_config.num_hidden_layers", moss.num_layers, "language_model.layers.", "layers"),
+        ("n_vq", moss.n_vq, "emb_ext.", "audio tables"),
+    ):
+        held = {name[len(prefix):].split(".", 1)[0] for name in tensors if name.startswith(prefix)}
+        if said != len(held):
+            raise InputError(f"config.json's {key} is {said} but the weights hold {len(held)} "
+                             f"{what}", path=config_path,
+                             hint="config.json and the weights disagree")  # fmt: skip
+
+
+# what a weight may be stored as: the GGUF writers widen these exactly; an integer, bool or
+# float64 tensor where a weight belongs is another model's (or a broken export's)
+WEIGHT_DTYPES = ("F32", "F16", "BF16")
+
+
+def _plain_dtypes(weights: list[TensorRef]) -> None:
+    odd = [ref for ref in weights if ref.dtype not in WEIGHT_DTYPES]
+    if odd:
+        more = f" (and {len(odd) - 1} more tensors)" if len(odd) > 1 else ""
+        raise InputError(f"tensor {odd[0].name!r} is stored as {odd[0].dtype}{more}; MOSS-TTS "
+                         "weights are F32, F16 or BF16", path=odd[0].path,
+                         hint="the weights are of another model or a broken export")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- where it is
