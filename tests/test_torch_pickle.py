@@ -6,7 +6,9 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import struct
 import zipfile
+from collections import OrderedDict
 from pathlib import Path
 
 import ml_dtypes
@@ -31,7 +33,9 @@ class Tied(torch.nn.Module):
         self.fc = torch.nn.Linear(8, 6)
 
 
-def saved_state(tmp_path: Path, dtype: torch.dtype, name: str = "pytorch_model.bin") -> tuple:
+def saved_state(
+    tmp_path: Path, dtype: torch.dtype, name: str = "pytorch_model.bin", protocol: int = 2
+) -> tuple:
     torch.manual_seed(0)
     model = Tied().to(dtype)
     state = model.state_dict()
@@ -44,7 +48,7 @@ def saved_state(tmp_path: Path, dtype: torch.dtype, name: str = "pytorch_model.b
     state["steps"] = torch.arange(6, dtype=torch.int64)
     state["param"] = torch.nn.Parameter(torch.randn(3).to(dtype))  # _rebuild_parameter
     path = tmp_path / name
-    torch.save(state, path)
+    torch.save(state, path, pickle_protocol=protocol)
     return path, state
 
 
@@ -205,9 +209,9 @@ class _Marker:
     """Pickled as a persistent id of the pickler's choosing."""
 
 
-def test_a_deep_shared_value_is_named_in_a_few_characters(tmp_path):
+def test_a_deep_shared_value_is_refused_in_a_few_characters(tmp_path, monkeypatch):
     """60 nested pairs of one list pickle in a few hundred bytes; str() of them would be 2^60
-    characters long. The refusal quotes a bounded repr, at once."""
+    characters long. The scan refuses them before unpickling, in a bounded line, at once."""
     deep: list = []
     for _ in range(60):
         deep = [deep, deep]
@@ -222,6 +226,126 @@ def test_a_deep_shared_value_is_named_in_a_few_characters(tmp_path):
     path = tmp_path / "pytorch_model.bin"
     torch.save({"w": torch.ones(1)}, path)
     replaced(path, "/data.pkl", data.getvalue())
-    with pytest.raises(InputError, match="unknown persistent id") as caught:
+    monkeypatch.setattr(f"{UNPICKLER}.load", never_unpickled)
+    with pytest.raises(InputError, match="more than 50000000 parts") as caught:
         read_state_dict(path)
     assert len(caught.value.one_line()) < 400
+
+
+# ------------------------------------ builtin values alone: refused by the scan before unpickling
+
+UNPICKLER = "moss_gguf_cli.source.torch_pickle._StateDictUnpickler"
+
+
+def never_unpickled(self):
+    # stands in for the unpickler where the scan must refuse first: a probe that got past it
+    # fails here instead of hanging or crashing the test process
+    raise AssertionError("the pickle reached the unpickler")
+
+
+def holding(tmp_path: Path, data: bytes) -> Path:
+    """A torch.save file whose data.pkl is DATA."""
+    path = tmp_path / "pytorch_model.bin"
+    torch.save({"w": torch.ones(1)}, path)
+    replaced(path, "/data.pkl", data)
+    return path
+
+
+def body(value) -> bytes:
+    """VALUE's pickle opcodes as Python's pickler writes them, without PROTO and STOP."""
+    data = pickle.dumps(value, protocol=2)
+    assert data[:2] == pickle.PROTO + b"\x02" and data[-1:] == pickle.STOP
+    return data[2:-1]
+
+
+def keyed(key: bytes) -> bytes:
+    """The pickle of {KEY: 1}, KEY given as opcodes: a dict Python could not build to dump."""
+    return pickle.PROTO + b"\x02" + pickle.EMPTY_DICT + key + pickle.BININT1 + b"\x01" + \
+        pickle.SETITEM + pickle.STOP  # fmt: skip
+
+
+def shared_pairs(levels: int) -> tuple:
+    """LEVELS nested pairs of one tuple: 2^LEVELS paths to its innermost ()."""
+    shared: tuple = ()
+    for _ in range(levels):
+        shared = (shared, shared)
+    return shared
+
+
+def nested_lists(levels: int) -> bytes:
+    """LEVELS lists each holding the next: MARK ... EMPTY_LIST LIST ... (too deep for dumps)."""
+    return pickle.MARK * levels + pickle.EMPTY_LIST + pickle.LIST * levels
+
+
+def nested_tuples(levels: int) -> bytes:
+    """LEVELS 1-tuples each holding the next."""
+    return pickle.EMPTY_TUPLE + pickle.TUPLE1 * levels
+
+
+COLLIDING = (1 << 61) - 1  # hash(n * COLLIDING) == 0 for every int n, in every process
+
+
+@pytest.mark.parametrize(
+    ("data", "refusal"),
+    [
+        # hashing the key visits 2^61 parts: the unpickler would never return
+        (keyed(body(shared_pairs(60))), "builds a value of more than 50000000 parts"),
+        (pickle.dumps({"w": [shared_pairs(60)]}, protocol=4), "more than 50000000 parts"),
+        # hashing a million nested tuples overflows the C stack: the interpreter segfaults
+        (keyed(nested_tuples(1_000_000)), "nests values more than 64 deep"),
+        (pickle.PROTO + b"\x02" + nested_lists(100_000) + pickle.STOP, "more than 64 deep"),
+        # every key hashes to 0: inserting n of them compares n^2 / 2 pairs
+        (pickle.dumps(dict.fromkeys(n * COLLIDING for n in range(1, 1000)), protocol=2),
+         "keys a dict or set by something other than a string"),
+        (pickle.dumps({"w": frozenset(range(3))}, protocol=4), "something other than a string"),
+        # the C unpickler makes its memo an array as long as twice the largest index: 64 GiB
+        (pickle.PROTO + b"\x02" + pickle.NONE + pickle.LONG_BINPUT + struct.pack("<I", 2**32 - 1)
+         + pickle.STOP, "stores memo entry 4294967295 when it has made 0"),
+    ],
+    ids=["shared-tuple-key", "shared-tuple", "deep-tuple-key", "deep-lists", "int-keys",
+         "frozenset", "memo-index"],
+)  # fmt: skip
+def test_a_pickle_too_costly_to_unpickle_is_refused_before_it_is(tmp_path, monkeypatch, data,
+                                                                 refusal):  # fmt: skip
+    path = holding(tmp_path, data)
+    monkeypatch.setattr(f"{UNPICKLER}.load", never_unpickled)
+    with pytest.raises(InputError) as caught:
+        read_state_dict(path)
+    line = caught.value.one_line()
+    assert refusal in line and "refused before unpickling it" in line, line
+    assert line.startswith(f"{path}: its pickle ") and "\n" not in line and len(line) < 400
+
+
+def test_state_set_on_a_named_global_is_refused_and_later_files_read_alike(tmp_path):
+    """BUILD on `torch.FloatStorage` would rewrite the one stand-in every file read uses (its
+    dtype int32: the next file's floats read as integers)."""
+    dtype = pickle.BININT1 + b"\x00"  # any state: refused before it is looked at
+    data = pickle.PROTO + b"\x02" + pickle.GLOBAL + b"torch\nFloatStorage\n" + \
+        pickle.EMPTY_DICT + pickle.SHORT_BINUNICODE + b"\x05dtype" + dtype + pickle.SETITEM + \
+        pickle.BUILD + pickle.STOP  # fmt: skip
+    with pytest.raises(InputError, match="its pickle sets state on a global it names"):
+        read_state_dict(holding(tmp_path, data))
+    path = tmp_path / "next.bin"
+    torch.save({"w": torch.full((2,), 1.5)}, path)
+    got = read_state_dict(path).tensors["w"]
+    assert got.dtype == np.float32 and got.tolist() == [1.5, 1.5]
+
+
+def test_an_ordered_dict_made_with_contents_is_refused(tmp_path):
+    """OrderedDict(pairs) hashes keys the scan never saw as keys; torch makes each empty."""
+    pairs = pickle.dumps([(n * COLLIDING, None) for n in range(1, 4)], protocol=2)[2:-1]
+    data = pickle.PROTO + b"\x02" + pickle.GLOBAL + b"collections\nOrderedDict\n" + \
+        pickle.MARK + pairs + pickle.TUPLE + pickle.REDUCE + pickle.STOP  # fmt: skip
+    assert pickle.loads(data) == OrderedDict((n * COLLIDING, None) for n in range(1, 4))
+    with pytest.raises(InputError, match=r"malformed \(an OrderedDict is made with contents\)"):
+        read_state_dict(holding(tmp_path, data))
+
+
+@pytest.mark.parametrize("protocol", [1, 2, 4, 5])
+def test_what_torch_saves_at_any_protocol_passes_the_scan(tmp_path, protocol):
+    """Protocol 4 and 5 add FRAME, MEMOIZE and STACK_GLOBAL; 1 writes no PROTO."""
+    path, state = saved_state(tmp_path, torch.float32, protocol=protocol)
+    got = read_state_dict(path)
+    assert list(got.tensors) == list(state)
+    for name, tensor in state.items():
+        np.testing.assert_array_equal(got.tensors[name], tensor.detach().numpy(), err_msg=name)

@@ -10,6 +10,9 @@ be views of one storage (tied weights).
 Unpickling runs whatever callable a pickle names, so this module's unpickler admits exactly the
 globals a state dict of plain tensors uses, each mapped to our own stand-in (nothing of torch is
 imported or called), and refuses any other global in one line naming it before it is called.
+Builtin values alone can still make unpickling hang or crash (a shared value hashed 2^60 times,
+a million nested tuples, colliding int keys, a memo index of 2^32), so one pass over the opcodes
+first, running nothing, refuses what no state dict is (_check_shape).
 """
 
 from __future__ import annotations
@@ -17,14 +20,16 @@ from __future__ import annotations
 import io
 import math
 import pickle
+import pickletools
 import re
 import reprlib
 import zipfile
 from _compat_pickle import IMPORT_MAPPING  # Python 2 module names → Python 3's
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -47,8 +52,9 @@ STORAGE_DTYPES: dict[str, np.dtype] = {
 # an untyped storage (bytes) is pickled as its class; its numel counts bytes
 UNTYPED = (("torch", "UntypedStorage"), ("torch.storage", "UntypedStorage"))
 _KEY = re.compile(r"[0-9A-Za-z_]{1,64}")  # a storage key names a zip entry: nothing else
-# data.pkl of a state dict is a few bytes a tensor: a model of 100k tensors needs ~10 MB
-MAX_PICKLE_BYTES = 256 << 20
+# data.pkl of a state dict is ~100 bytes a tensor (MOSS-TTS-Nano's: 60 KB); 16 MiB holds 150k
+# tensors and bounds what a hostile one costs to refuse (the scan: at most ~12 s, ~0.4 GB)
+MAX_PICKLE_BYTES = 16 << 20
 # how a value read from the pickle is shown in a message: a few levels and characters, however
 # deep or shared it is (str() of 60 nested pairs of one tuple would be 2^60 characters long)
 _SHOWN = reprlib.Repr()  # keywords only from Python 3.12
@@ -59,26 +65,30 @@ _SHOWN.maxstring = _SHOWN.maxother = 60
 def shown(value: Any) -> str:
     """VALUE as a message may quote it: bounded, whatever it is."""
     return _SHOWN.repr(value)[:80]
+
+
 _HINT = "the file is truncated or corrupt; download it again"
 _REFUSED_HINT = "only a plain state dict of tensors is read; use the model's safetensors if any"
 
 
-@dataclass(frozen=True)
-class _StorageType:
+# The stand-ins are named tuples: BUILD sets state through an object's __dict__ or setattr, and
+# a named tuple has neither, so a pickle cannot rewrite one after it is checked (a frozen
+# dataclass's __dict__ it can, and `torch.FloatStorage` is one object for every file read).
+
+
+class _StorageType(NamedTuple):
     """What `torch.XStorage` unpickles to here: only its element type."""
 
     dtype: np.dtype
 
 
-@dataclass(frozen=True)
-class _Storage:
+class _Storage(NamedTuple):
     key: str
     dtype: np.dtype
     numel: int
 
 
-@dataclass(frozen=True)
-class _TensorView:
+class _TensorView(NamedTuple):
     """What `_rebuild_tensor_v2` unpickles to here: where a tensor's elements are."""
 
     storage: _Storage
@@ -100,8 +110,16 @@ def _rebuild_parameter(data, *_rest) -> _TensorView:
     return data
 
 
+def _empty_ordered_dict(*args, **kwargs) -> OrderedDict:
+    # torch makes each OrderedDict empty and fills it by SETITEMS, whose keys the scan checks;
+    # OrderedDict(pairs) would hash keys it never saw as keys
+    if args or kwargs:
+        raise TypeError("an OrderedDict is made with contents")
+    return OrderedDict()
+
+
 _GLOBALS: dict[tuple[str, str], Any] = {
-    ("collections", "OrderedDict"): OrderedDict,
+    ("collections", "OrderedDict"): _empty_ordered_dict,
     ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
     ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
     **{("torch", name): _StorageType(dtype) for name, dtype in STORAGE_DTYPES.items()},
@@ -205,6 +223,7 @@ def _read(archive: zipfile.ZipFile, path: Path) -> TorchStateDict:
 
 
 def _unpickle(data: bytes, path: Path) -> Any:
+    _check_shape(data, path)
     try:
         return _StateDictUnpickler(io.BytesIO(data)).load()
     except _Refused as exc:
@@ -223,6 +242,208 @@ def _unpickle(data: bytes, path: Path) -> Any:
         IndexError,
         KeyError,
     ) as exc:
+        raise InputError(f"its pickle is malformed ({str(exc)[:200]})", path=path,
+                         hint=_HINT) from None  # fmt: skip
+
+
+# ------------------------------------------------ the pickle's shape, read before it is unpickled
+
+# Unpickling builds values out of shared parts (a memo GET is a reference, not a copy): a few
+# hundred bytes make 60 nested pairs of one tuple, which hashing it as a dict key, comparing or
+# printing it visits part by part, 2^61 times. A state dict of 100k tensors is a few million
+# parts (~25 a tensor: its name, the rebuild call, its argument tuples and their numbers), so 50
+# million leaves room for any real one and refuses what would take minutes or forever.
+MAX_PARTS = 50_000_000
+# hashing, comparing and printing recurse in C once a level, and a million levels (a 1 MB
+# pickle) crash the interpreter; a state dict nests 6 deep (dict, rebuild call, its arguments,
+# the storage, its persistent id tuple, the numbers in it), its _metadata 3
+MAX_DEPTH = 64
+# the values the unpickler holds at once: a state dict makes ~10 a tensor (tuples, rebuilt
+# tensors) and stacks at most a batch of 1,000 items (Python's pickler's), while a pickle of
+# nothing but empty lists filled into one another makes one per byte, ~60 bytes each in memory
+MAX_VALUES = 4_000_000
+MAX_STACK = 1_000_000
+_OTHER, _NAME, _GLOBAL = 0, 1, 2  # what the scan keeps of an item's type
+
+
+def _codes(*names: str) -> frozenset[str]:
+    """The opcodes named NAMES, as genops gives them (OpcodeInfo.code)."""
+    return frozenset(op.code for op in pickletools.opcodes if op.name in names)
+
+
+def _effect(op: pickletools.OpcodeInfo) -> tuple[int, bool, int]:
+    """What OP does to the stack, from pickletools' notes of it: the items it pops (under its
+    MARK when it pops back to one, with all above it), whether it does, the items it pushes."""
+    before = op.stack_before
+    if pickletools.markobject in before:
+        return before.index(pickletools.markobject), True, len(op.stack_after)
+    return len(before), False, len(op.stack_after)
+
+
+_EFFECT = {op.code: _effect(op) for op in pickletools.opcodes}
+_MARK, _POP, _DUP = _codes("MARK"), _codes("POP"), _codes("DUP")
+_PUT, _MEMOIZE = _codes("PUT", "BINPUT", "LONG_BINPUT"), _codes("MEMOIZE")
+_GET, _BUILD = _codes("GET", "BINGET", "LONG_BINGET"), _codes("BUILD")
+# these change the item under what they pop (a list, dict, set, or BUILD's object) in place
+_MODIFIES = _codes("APPEND", "APPENDS", "SETITEM", "SETITEMS", "ADDITEMS", "BUILD")
+# the kind each pushes: strings (hashed with a per-process seed, unlike numbers) and globals
+_STRINGS = _codes("UNICODE", "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "STRING",
+                  "BINSTRING", "SHORT_BINSTRING")  # fmt: skip
+_KIND = {
+    **dict.fromkeys(_STRINGS, _NAME),
+    **dict.fromkeys(_codes("GLOBAL", "STACK_GLOBAL", "EXT1", "EXT2", "EXT4"), _GLOBAL),
+}
+# ops that push a value of their own with nothing popped: what may be changed later
+_FRESH = _codes("EMPTY_LIST", "EMPTY_DICT", "EMPTY_SET", "BYTEARRAY8")
+# ops that pop nothing and push a value that never changes → the node of every such value of
+# their kind (numbered as the kind; a string, number, None or global is one part, one deep)
+_LEAF = {op.code: _KIND.get(op.code, _OTHER) for op in pickletools.opcodes
+         if _EFFECT[op.code] == (0, False, 1) and op.code not in _MARK | _GET | _FRESH}  # fmt: skip
+# ops that hash what they pop, → every how many of those is hashed: dicts their keys, sets all
+_HASHES = {**dict.fromkeys(_codes("SETITEM", "SETITEMS", "DICT"), 2),
+           **dict.fromkeys(_codes("ADDITEMS", "FROZENSET"), 1)}  # fmt: skip
+
+
+class _Shape(Exception):
+    """A pickle whose values no state dict of tensors has: what they are."""
+
+
+class _Stack:
+    """The unpickler's stack and memo as the scan sees them. Each value is a node: how many parts
+    it has (each use of a shared part counted), how deep it nests, its kind. The stack and memo
+    hold node numbers, so a list or dict filled after it is memoized (as Python's pickler writes
+    every one) is seen grown wherever it is used. A container filled after another took it is
+    counted in that other as it was then: harmless, as only hashing and comparing walk a value
+    (a message quotes one by shown()), and what hashes (strings, numbers, tuples and frozensets
+    of them) is whole when made. Arrays of numbers, a few bytes a value, as the unpickler's own
+    stack holds a pointer a value."""
+
+    def __init__(self) -> None:
+        self.parts, self.depth, self.kind = array("q"), array("B"), array("B")
+        self.stack, self.memo = array("q"), array("q")
+        self.marks = array("q")  # where on the stack the items of each open MARK start
+        for kind in (_OTHER, _NAME, _GLOBAL):  # node number KIND: every leaf of that kind
+            self.node(1, 1, kind)
+
+    def step(self, code: str, arg: Any) -> None:
+        stack, leaf = self.stack, _LEAF.get(code)
+        if leaf is not None:  # most of a state dict's ops: names, numbers, globals
+            stack.append(leaf)
+        elif code in _PUT or code in _MEMOIZE:
+            self.store(arg if code in _PUT else len(self.memo), self.top())
+        elif code in _GET:
+            if not (isinstance(arg, int) and 0 <= arg < len(self.memo)):
+                raise ValueError(f"memo entry {shown(arg)} is read before it is stored")
+            stack.append(self.memo[arg])
+        elif code in _MARK:
+            self.marks.append(len(stack))
+        elif code in _POP:
+            if self.marks and self.marks[-1] == len(stack):
+                self.marks.pop()  # POP with nothing above a MARK pops the MARK (protocol 0 does)
+            else:
+                self.top()
+                stack.pop()
+        elif code in _FRESH:
+            stack.append(self.node(1, 1, _OTHER))
+        elif code in _DUP:
+            stack.append(self.top())
+        else:
+            self.apply(code)
+        if len(stack) > MAX_STACK:
+            raise _Shape(f"holds more than {MAX_STACK} values on its stack at once")
+
+    def top(self) -> int:
+        if len(self.stack) <= self.fence():
+            raise ValueError("unpickling stack underflow")
+        return self.stack[-1]
+
+    def fence(self) -> int:
+        """The lowest item an op may pop: the unpickler never pops through a MARK."""
+        return self.marks[-1] if self.marks else 0
+
+    def store(self, at: Any, node: int) -> None:
+        if not isinstance(at, int) or at < 0:
+            raise ValueError(f"memo index {shown(at)} is not a count")
+        if at > len(self.memo):  # Python's pickler numbers its memo entries in order
+            raise _Shape(f"stores memo entry {shown(at)} when it has made {len(self.memo)} (the "
+                         "unpickler allocates 8 bytes for each number up to twice it)")  # fmt: skip
+        if at == len(self.memo):
+            self.memo.append(node)
+        else:
+            self.memo[at] = node
+
+    def apply(self, code: str) -> None:
+        """CODE's pops and push: what it makes has the parts of all it pops, plus one, and
+        nests one deeper than the deepest; what it changes gains the parts of the rest."""
+        popped, to_mark, pushes = _EFFECT[code]
+        if to_mark:
+            if not self.marks:
+                raise ValueError("an op pops back to a MARK that is not there")
+            start = self.marks.pop() - popped
+        else:
+            start = len(self.stack) - popped
+        if start < self.fence():
+            raise ValueError("unpickling stack underflow")
+        if code in _HASHES:
+            hashed = self.stack[start + (code in _MODIFIES) :: _HASHES[code]]  # past a dict
+            if any(self.kind[node] != _NAME for node in hashed):  # an int hashes alike anywhere
+                raise _Shape("keys a dict or set by something other than a string")
+        if code in _MODIFIES:
+            self.change(code, self.stack[start], start + 1)
+        else:
+            parts, depth = self.take(start)
+            if pushes:
+                self.stack.append(self.node(parts + 1, depth + 1, _KIND.get(code, _OTHER)))
+
+    def change(self, code: str, node: int, start: int) -> None:
+        """CODE puts the items from START up into NODE, which stays on the stack."""
+        if code in _BUILD and self.kind[node] == _GLOBAL:  # our stand-in: one for every file
+            raise _Shape("sets state on a global it names")
+        if node <= _GLOBAL:  # the node of every string, number or None: the unpickler fails too
+            raise ValueError("an op changes a value that has no contents")
+        more, deeper = self.take(start)
+        self.parts[node] += more
+        self.depth[node] = max(self.depth[node], deeper + 1)
+        self.check(node)
+
+    def take(self, start: int) -> tuple[int, int]:
+        """Pop the items from START up: the sum of their parts and the deepest's depth."""
+        nodes = self.stack[start:]
+        del self.stack[start:]
+        parts, depth = self.parts, self.depth
+        return sum(parts[n] for n in nodes), max((depth[n] for n in nodes), default=0)
+
+    def node(self, parts: int, depth: int, kind: int) -> int:
+        if len(self.kind) > MAX_VALUES:
+            raise _Shape(f"makes more than {MAX_VALUES} values")
+        self.parts.append(parts)
+        self.depth.append(depth)
+        self.kind.append(kind)
+        self.check(len(self.kind) - 1)
+        return len(self.kind) - 1
+
+    def check(self, node: int) -> None:
+        if self.parts[node] > MAX_PARTS:
+            raise _Shape(f"builds a value of more than {MAX_PARTS} parts (a shared part "
+                         "counted at each use)")  # fmt: skip
+        if self.depth[node] > MAX_DEPTH:
+            raise _Shape(f"nests values more than {MAX_DEPTH} deep")
+
+
+def _check_shape(data: bytes, path: Path) -> None:
+    """Refuse, before anything of it is unpickled, a pickle that would build a value too big or
+    too deep to hash, compare or print, key a dict by anything but strings, set state on a
+    global, or allocate a memo far beyond its size: one pass over its opcodes (pickletools reads
+    them, running nothing) as a stack machine that keeps a few numbers an item."""
+    step = _Stack().step
+    try:
+        for op, arg, _pos in pickletools.genops(data):
+            step(op.code, arg)
+    except _Shape as exc:
+        raise InputError(f"its pickle {exc}, which a state dict of tensors never does; refused "
+                         "before unpickling it", path=path,
+                         hint=_REFUSED_HINT) from None  # fmt: skip
+    except ValueError as exc:  # genops' own too: an unknown opcode, a truncated argument
         raise InputError(f"its pickle is malformed ({str(exc)[:200]})", path=path,
                          hint=_HINT) from None  # fmt: skip
 
