@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import av
@@ -160,11 +161,48 @@ def test_a_registered_voice_is_cloned(client, http, reference_wav):
 
 
 @pytest.mark.parametrize("field, value", [("language", "en"), ("instructions", "calm"),
-                                          ("voices", ["a"]), ("lora", {"a": 1.0})])  # fmt: skip
+                                          ("voices", ["a"]), ("lora", {"a": 1.0}),
+                                          ("min_new_tokens", 376)])  # above the default max
 def test_what_nano_does_not_take_is_a_400_naming_it(http, field, value):
     body = {"model": MODEL, "input": TEXT, field: value}
     reply = http.post("/v1/audio/speech", json=body)
     assert reply.status_code == 400 and reply.json()["error"]["param"] == field, reply.text
+
+
+# the stop masked for 5,000 frames: beside its prompt, more than the server's n_ctx (2,048)
+TOO_LONG = {"min_new_tokens": 5000, "max_new_tokens": 5000, "seed": 1}
+
+
+def refused_at_once(error: dict, started: float) -> None:
+    """ERROR (OpenAI's error object) names max_new_tokens and what fits, and came at once:
+    made frame by frame, the request ran ~1,900 frames before it was refused."""
+    assert time.monotonic() - started < 2.0
+    assert error["param"] == "max_new_tokens" and error["code"] == "context_length_exceeded"
+    assert "this server holds 2,048; lower max_new_tokens and min_new_tokens to" \
+        in error["message"], error  # fmt: skip
+
+
+def test_a_request_longer_than_the_context_is_refused_before_any_audio(client, http):
+    """A request whose whole length cannot fit n_ctx is a 400 before its first frame: the
+    whole answer, a stream (no 200 and then a cut body) and SSE alike."""
+    started = time.monotonic()
+    with pytest.raises(openai.BadRequestError) as caught:
+        speak(client, "wav", **TOO_LONG)
+    refused_at_once(caught.value.body, started)
+    started = time.monotonic()
+    with pytest.raises(openai.BadRequestError) as caught:
+        with client.audio.speech.with_streaming_response.create(
+            model=MODEL, voice="alloy", input=TEXT, response_format="pcm",
+            extra_body={**TOO_LONG, "stream_format": "audio"},
+        ):  # fmt: skip
+            pass
+    refused_at_once(caught.value.body, started)
+    body = {"model": MODEL, "input": TEXT, "response_format": "wav", "stream_format": "sse",
+            **TOO_LONG}  # fmt: skip
+    started = time.monotonic()
+    with http.stream("POST", "/v1/audio/speech", json=body) as reply:
+        assert reply.status_code == 400
+        refused_at_once(json.loads(reply.read())["error"], started)
 
 
 def test_no_languages_are_offered(http):

@@ -69,6 +69,7 @@ class NanoFolderConfig:
     n_ctx: int = 2048
     n_threads: int = 0  # 0: the physical cores
     local_type: str = DEFAULT_LOCAL_TYPE  # the local transformer's form (nano/ggml_local.py)
+    source: Path | None = None  # the YAML it was read from (an error says what to change there)
 
     @classmethod
     def from_yaml(cls, path: Path) -> NanoFolderConfig:
@@ -121,7 +122,7 @@ class NanoFolderConfig:
         except (TypeError, ValueError):
             raise InputError("n_ctx and n_threads must be whole numbers", path=path) from None
         return cls(folder, inside("global_gguf"), inside("tokenizer"), codec, nano, settings,
-                   n_ctx, n_threads, local_type)  # fmt: skip
+                   n_ctx, n_threads, local_type, path)  # fmt: skip
 
 
 def engines_for(at_once: int, n_threads: int = 0) -> tuple[int, int]:
@@ -131,6 +132,58 @@ def engines_for(at_once: int, n_threads: int = 0) -> tuple[int, int]:
     (serve/nano_worker.py), so one computes at a time."""
     cores = physical_cores()
     return max(1, min(at_once, cores)), n_threads or cores
+
+
+def positions(prompt_rows: int, max_new_tokens: int) -> int:
+    """The global transformer's positions a chunk of MAX_NEW_TOKENS frames may take: its
+    prompt, then a row fed back after every frame but the last (`NanoEngine.frames`)."""
+    return prompt_rows + max_new_tokens - 1
+
+
+class ContextTooShort(InputError):
+    """A chunk whose prompt and max_new_tokens frames need more positions than n_ctx: refused
+    before the first frame of the request, where the global transformer would refuse it only
+    at the frame that passes n_ctx, with the audio made before it lost. CHUNK is 1-based."""
+
+    def __init__(self, chunk: int, chunks: int, prompt: int, reference_frames: int,
+                 settings: NanoSettings, n_ctx: int):  # fmt: skip
+        self.chunk, self.chunks, self.prompt, self.n_ctx = chunk, chunks, prompt, n_ctx
+        self.reference_frames = reference_frames
+        self.max_new_tokens, self.min_new_tokens = settings.max_new_tokens, settings.min_new_tokens
+        self.needed = positions(prompt, self.max_new_tokens)
+        where = "the text" if chunks == 1 else f"the text's chunk {chunk} of {chunks}"
+        super().__init__(f"{where} needs {self.needed:,} positions (prompt {prompt:,} + "
+                         f"max_new_tokens {self.max_new_tokens:,} - 1) but n_ctx is {n_ctx:,}",
+                         hint=self.advice())  # fmt: skip
+
+    @property
+    def room(self) -> int:
+        """The most max_new_tokens this chunk's prompt leaves room for (below 1: none)."""
+        return self.n_ctx - self.prompt + 1
+
+    def advice(self, max_name: str = "max_new_tokens", min_name: str = "min_new_tokens",
+               more_ctx: str | None = "raise n_ctx in the config",
+               shorter: str = "use a shorter reference clip") -> str:  # fmt: skip
+        """What to change, in the caller's names for the settings (the command's options, the
+        request's fields); MORE_CTX None: n_ctx is not the caller's to change."""
+        fixes = []
+        if self.room >= 1:
+            names = max_name if self.min_new_tokens <= self.room else f"{max_name} and {min_name}"
+            fixes.append(f"lower {names} to {self.room:,} or less")
+        elif self.reference_frames:
+            fixes.append(shorter)
+        if more_ctx:
+            fixes.append(more_ctx)
+        return ", or ".join(fixes)
+
+
+@dataclass(frozen=True)
+class NanoRequest:
+    """A request checked to fit the context: its chunks, reference codes and settings."""
+
+    chunks: list[str]
+    reference: np.ndarray | None
+    settings: NanoSettings
 
 
 @dataclass
@@ -309,10 +362,29 @@ class NanoEngine:
               settings: NanoSettings | None = None) -> NanoSpeech:  # fmt: skip
         """TEXT spoken (with REFERENCE codes, or the model's own voice); iterate the result
         for the audio. The caller holds `lock` while iterating."""
+        return self.speech(self.prepare(text, reference, settings))
+
+    def prepare(self, text: str, reference: np.ndarray | None = None,
+                settings: NanoSettings | None = None) -> NanoRequest:  # fmt: skip
+        """TEXT's chunks, each checked to fit n_ctx with its prompt and max_new_tokens frames
+        (ContextTooShort): the whole request is refused before its first frame, not at the
+        frame that passes n_ctx. Costs the text's tokenizing, no model work; any engine of
+        the same folder and n_ctx may speak the result."""
         settings = settings or self.config.settings
         settings.check()
         chunks = split_text(self.tokenizer, text)
-        return NanoSpeech(self, chunks, reference, settings)
+        frames = 0 if reference is None else int(reference.shape[0])
+        n_ctx = self.global_transformer.n_ctx
+        for i, chunk in enumerate(chunks):
+            ids = prompt_ids(self.tokenizer, self.tokens, chunk, reference is not None)
+            rows = ids.rows(frames)
+            if positions(rows, settings.max_new_tokens) > n_ctx:
+                raise ContextTooShort(i + 1, len(chunks), rows, frames, settings, n_ctx)
+        return NanoRequest(chunks, reference, settings)
+
+    def speech(self, request: NanoRequest) -> NanoSpeech:
+        """REQUEST's audio, to iterate (holding `lock`)."""
+        return NanoSpeech(self, request.chunks, request.reference, request.settings)
 
 
 _blas_lock = threading.Lock()

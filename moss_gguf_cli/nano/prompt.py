@@ -70,6 +70,10 @@ class NanoTokenizer:
     def count(self, text: str) -> int:
         return len(self._sp.encode(text, out_type=int))
 
+    def pieces(self) -> int:
+        """How many ids it can give (each must have a row in the text table)."""
+        return int(self._sp.GetPieceSize())
+
 
 @dataclass(frozen=True)
 class PromptIds:
@@ -80,6 +84,11 @@ class PromptIds:
     # how many of the text ids come before TEXT's own: with a reference, counted in `after`;
     # without, in `before`. Every prompt of one voice begins alike up to there.
     text_at: int = 0
+
+    def rows(self, reference_frames: int) -> int:
+        """How many rows `prompt_rows` makes of these ids with REFERENCE_FRAMES (0: none),
+        counted without making them (a request's length check)."""
+        return len(self.before) + (reference_frames + len(self.after) if self.after else 0)
 
     def shared_rows(self, reference_frames: int) -> int:
         """The rows every prompt of this voice shares: all up to the text's first."""

@@ -12,7 +12,14 @@ import numpy as np
 
 from ..errors import InputError, OutputError, UsageError
 from ..tts.streaming import pcm16, wav_header
-from .engine import NanoEngine, NanoFolderConfig, NanoProfile, NanoSettings, NanoSpeech
+from .engine import (
+    ContextTooShort,
+    NanoEngine,
+    NanoFolderConfig,
+    NanoProfile,
+    NanoSettings,
+    NanoSpeech,
+)
 
 
 class NoAudio(OutputError):
@@ -38,6 +45,14 @@ class NanoSynthResult:
 
 def _interleaved(piece: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(piece.T)  # (samples, channels): PCM frames, channel by channel
+
+
+def _context_hint(exc: ContextTooShort, config: NanoFolderConfig, n_ctx: int | None) -> str:
+    """What to change when a chunk cannot fit the context: the options, or the YAML's n_ctx."""
+    yaml = config.source or config.folder
+    more = "raise --n-ctx" if n_ctx else f"raise n_ctx in {yaml} or pass --n-ctx"
+    return exc.advice("--max-new-tokens", "--min-new-tokens", more,
+                      "use a shorter --reference clip")  # fmt: skip
 
 
 def _no_audio(speech: NanoSpeech) -> NoAudio:
@@ -70,7 +85,11 @@ def nano_synth(
     engine = NanoEngine(config, n_threads=n_threads, n_ctx=n_ctx)
     try:
         codes = engine.reference_codes(Path(reference)) if reference is not None else None
-        speech = engine.speak(text, codes, settings)
+        try:
+            speech = engine.speak(text, codes, settings)
+        except ContextTooShort as exc:  # before any frame: said in the command's words
+            exc.hint = _context_hint(exc, config, n_ctx)
+            raise
         if not isinstance(output, Path):
             samples = _write_stream(speech, output, stream or "pcm", engine)
             return NanoSynthResult(None, engine.sample_rate, engine.channels, samples, speech)

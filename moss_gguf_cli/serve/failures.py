@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from ..errors import InputError, MossGgufError, is_debug
+from ..nano.engine import ContextTooShort
 from ..tts.sampling import GREEDY_BELOW, PENALTY_RANGE, TEMPERATURE_MAX, SamplingError
 from ..tts.synthesizer import NoFrames, PromptTooLong
 from .api_errors import ApiError, ShuttingDown
@@ -37,6 +38,8 @@ def api_error(exc: BaseException, kind: str, job=None) -> ApiError:
                         f"positions, this server holds {exc.n_ctx}; shorten input (or "
                         "instructions, or use a shorter voice)", param="input",
                         code="input_too_long")  # fmt: skip
+    if isinstance(exc, ContextTooShort):
+        return _context_too_short(exc)
     if isinstance(exc, NoFrames) and job is not None and job.max_new_tokens is not None:
         return ApiError(400, f"max_new_tokens {job.max_new_tokens} ended the speech before its "
                         "first complete audio frame; raise max_new_tokens or leave it out",
@@ -52,6 +55,18 @@ def api_error(exc: BaseException, kind: str, job=None) -> ApiError:
               type(exc).__name__, kind, exc, exc_info=is_debug())  # fmt: skip
     return ApiError(500, f"the {kind} request failed on the server; its log says why",
                     code="internal_error")  # fmt: skip
+
+
+def _context_too_short(exc: ContextTooShort) -> ApiError:
+    """A Nano request longer than the server's context, refused before its first frame: the
+    field to change (the server's n_ctx is not the client's)."""
+    where = "input" if exc.chunks == 1 else f"chunk {exc.chunk} of {exc.chunks} of input"
+    fix = exc.advice(more_ctx=None, shorter="use a shorter voice") or "shorten input"
+    param = "max_new_tokens" if exc.room >= 1 else "voice" if exc.reference_frames else "input"
+    return ApiError(400, f"{where} needs {exc.needed:,} positions (its prompt {exc.prompt:,} + "
+                    f"max_new_tokens {exc.max_new_tokens:,} - 1), this server holds "
+                    f"{exc.n_ctx:,}; {fix}", param=param,
+                    code="context_length_exceeded")  # fmt: skip
 
 
 def _range(setting: str) -> str:

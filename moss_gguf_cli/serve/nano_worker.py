@@ -9,7 +9,8 @@ it, and llama.cpp's OpenMP threads only ever serve one caller (threads of two ca
 cores made each frame wait on the kernel: a lone request 1.7x slower, measured). Each frame
 asks whether the request is still wanted, so a client that leaves or a server that stops ends
 it within a frame. A whole answer is the streamed pieces joined: the same engine output, the
-same bytes.
+same bytes. A request is checked whole as it comes (every chunk against n_ctx): one that could
+not finish is a 400 before it waits, never a frame made and then lost.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from ..nano.engine import NanoEngine, NanoProfile
+from ..errors import UsageError
+from ..nano.engine import NanoEngine, NanoProfile, NanoRequest
 from .api_errors import ApiError, QueueFull, ShuttingDown
 from .failures import Cancelled, api_error
 from .scheduler import Delta, SpeechJob, SpeechStream, settle
@@ -89,6 +91,7 @@ class _Task:
     kind: str  # "speech" or "voice"
     job: SpeechJob | None = None
     clip: Path | None = None
+    request: NanoRequest | None = None  # a speech's, checked as it came (_admit)
     on_audio: Callable[[Delta], None] | None = None
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -172,14 +175,15 @@ class NanoScheduler:
     # -- what routes call
 
     async def speak(self, job: SpeechJob) -> NanoServeResult:
-        result = await self._submit(_Task("speech", job))
+        result = await self._submit(_Task("speech", job, request=self._admit(job)))
         if self._on_speech is not None:
             self._on_speech(result.profile)
         return result
 
     def stream(self, job: SpeechJob, loop: asyncio.AbstractEventLoop) -> SpeechStream:
+        request = self._admit(job)
         stream = SpeechStream(loop, self._on_speech)
-        task = _Task("speech", job, on_audio=stream.put)
+        task = _Task("speech", job, request=request, on_audio=stream.put)
         stream.task = task
         task.future.add_done_callback(stream.finished)
         self._enqueue(task)
@@ -187,6 +191,22 @@ class NanoScheduler:
 
     async def encode_voice(self, clip: Path) -> np.ndarray:
         return await self._submit(_Task("voice", clip=clip))
+
+    def _admit(self, job: SpeechJob) -> NanoRequest:
+        """JOB's chunks and settings, checked as it comes (every chunk's length against
+        n_ctx): a request that cannot be spoken whole is a 400 now, before it waits or makes a
+        frame, and a stream's before its status is sent. Tokenizing the text is all it costs."""
+        engine = self.engines[0]  # the engines share one folder and n_ctx
+        settings = engine.config.settings.override(
+            **(job.sampling or {}), max_new_tokens=job.max_new_tokens,
+            min_new_tokens=job.min_new_tokens, seed=job.seed)  # fmt: skip
+        try:
+            return engine.prepare(job.text, job.reference_codes, settings)
+        except UsageError as exc:  # min_new_tokens above the folder's max: the route can't see it
+            raise ApiError(400, exc.message, param="min_new_tokens",
+                           code="invalid_value") from None  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - answered as the worker answers it
+            raise api_error(exc, "speech", job) from None
 
     # -- lifetime
 
@@ -289,12 +309,8 @@ class NanoScheduler:
 
     def _speech(self, engine: NanoEngine, task: _Task) -> Generator[None, None, NanoServeResult]:
         """TASK spoken a frame a step; the result is the generator's return value."""
-        job = task.job
-        assert job is not None
-        settings = engine.config.settings.override(
-            **(job.sampling or {}), max_new_tokens=job.max_new_tokens,
-            min_new_tokens=job.min_new_tokens, seed=job.seed)  # fmt: skip
-        speech = engine.speak(job.text, job.reference_codes, settings)
+        assert task.request is not None
+        speech = engine.speech(task.request)
 
         def on_frame() -> None:
             self._beat = time.monotonic()
