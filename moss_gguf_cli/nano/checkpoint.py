@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..bf16 import bfloat16
-from ..disk.confine import boundary, confined
+from ..disk.confine import boundary, confined, present
 from ..errors import InputError
 from ..source.checkpoint import INDEX_NAME, SINGLE_NAME, read_json, read_tensors
 from .config import NanoConfig, TransformerDims, is_nano
@@ -25,6 +25,8 @@ TORCH_NAME = "pytorch_model.bin"
 TOKENIZER_NAME = "tokenizer.model"
 UNUSED = ("local_transformer.wte.weight",)  # in the release, never read by upstream's model
 _HINT = "config.json and the weights disagree; download both again"
+# the GGUF and the float32 arrays hold these exactly; ints, bools and float64 are another model's
+WEIGHT_DTYPES = ("float32", "float16", "bfloat16")  # by name: ml_dtypes loads when read
 
 
 def tied_names(nano: NanoConfig) -> dict[str, str]:
@@ -79,7 +81,7 @@ class NanoCheckpoint:
 def is_nano_folder(root: Path) -> bool:
     """A folder whose config.json says MOSS-TTS-Nano (nothing else is read)."""
     path = Path(root) / "config.json"
-    if not path.is_file():
+    if not present(path):
         return False
     config = read_json(confined(path, boundary(root)), "config.json")
     return isinstance(config, dict) and is_nano(config)
@@ -105,7 +107,7 @@ def open_nano(root: Path) -> NanoCheckpoint:
     root = Path(root)
     edge = boundary(root)
     config_path = root / "config.json"
-    if not config_path.is_file():
+    if not present(config_path):
         raise InputError("config.json is missing", path=root, hint="point --model at a folder")
     config = read_json(confined(config_path, edge), "config.json")
     if not isinstance(config, dict):
@@ -113,7 +115,8 @@ def open_nano(root: Path) -> NanoCheckpoint:
     nano = NanoConfig.from_dict(config, config_path)
     weights, tensors = _read_weights(root, edge)
     _counts_agree(nano, tensors, weights)
-    for head, table in tied_names(nano).items():
+    tied = tied_names(nano)
+    for head, table in tied.items():
         if head not in tensors and table in tensors:
             tensors[head] = tensors[table]  # the table, where the file left the head out
     expected = expected_shapes(nano)
@@ -136,19 +139,72 @@ def open_nano(root: Path) -> NanoCheckpoint:
             path=weights,
             hint="the weights are of another model or another version of Nano",
         )
+    _weights_sound({name: tensors[name] for name in expected}, tied, weights)
     tokenizer = root / TOKENIZER_NAME
-    tokenizer = confined(tokenizer, edge) if tokenizer.is_file() else None
+    tokenizer = confined(tokenizer, edge) if present(tokenizer) else None
+    if tokenizer is not None:
+        problem = tokenizer_problem(tokenizer, nano.dims.vocab)
+        if problem:
+            raise InputError(problem, path=tokenizer, hint="download the release's tokenizer.model "
+                             "again")  # fmt: skip
     return NanoCheckpoint(root, config, nano, tensors, weights, tokenizer, unused)
 
 
+SAMPLE = "Hello, world! 你好，世界。 12:30"  # Latin, CJK, digits and punctuation
+
+
+def tokenizer_problem(path: Path, vocab: int) -> str | None:
+    """Why the tokenizer at PATH cannot speak, or None: it loads, encodes a sample to ids, and
+    every id it can give lies inside the text table of VOCAB rows."""
+    # lazy: sentencepiece loads only when a tokenizer is checked
+    from .prompt import NanoTokenizer
+
+    try:
+        tok = NanoTokenizer(path)
+    except InputError as exc:
+        return exc.message
+    pieces = tok.pieces()
+    if pieces > vocab:
+        return f"holds {pieces} pieces but the text table has {vocab} rows"
+    if not tok.encode(SAMPLE):
+        return "encodes a sample text to no ids"
+    return None
+
+
+def _weights_sound(weights: dict[str, np.ndarray], tied: dict[str, str], path: Path) -> None:
+    """Every weight a float of a width the folder holds exactly, finite, and each head equal to
+    the table its family ties it to (the folder speaks with the table: a head that differs would
+    be replaced silently by another model's values)."""
+    odd = [n for n, a in weights.items() if a.dtype.name not in WEIGHT_DTYPES]
+    if odd:
+        more = f" (and {len(odd) - 1} more tensors)" if len(odd) > 1 else ""
+        raise InputError(f"tensor {odd[0]!r} is stored as {weights[odd[0]].dtype}{more}; "
+                         "MOSS-TTS-Nano weights are float32, float16 or bfloat16",
+                         path=path, hint="the weights are of another model or a broken "
+                         "export")  # fmt: skip
+    broken = [n for n, a in weights.items() if not np.isfinite(a).all()]
+    if broken:
+        more = f" (and {len(broken) - 1} more tensors)" if len(broken) > 1 else ""
+        raise InputError(f"tensor {broken[0]!r} holds NaN or infinite values{more}; a folder "
+                         "made of it could not speak", path=path,
+                         hint="the checkpoint is corrupt; download it again")  # fmt: skip
+    for head, table in tied.items():
+        a, b = weights[head], weights[table]
+        if a is not b and not np.array_equal(a, b):
+            raise InputError(f"tensor {head!r} differs from {table!r}; MOSS-TTS-Nano ties each "
+                             "head to its table, and the folder would speak with the table",
+                             path=path, hint="the weights are not a MOSS-TTS-Nano release's "
+                             "(its heads are tied)")  # fmt: skip
+
+
 def _read_weights(root: Path, edge: Path) -> tuple[Path, dict[str, np.ndarray]]:
-    if (root / INDEX_NAME).is_file() or (root / SINGLE_NAME).is_file():
+    if present(root / INDEX_NAME) or present(root / SINGLE_NAME):
         shards, refs = read_tensors(root)
         where = root / INDEX_NAME if (root / INDEX_NAME).is_file() else shards[0]
         return where, {name: _from_safetensors(ref.array(), ref.dtype) for name, ref in
                        refs.items()}  # fmt: skip
     path = root / TORCH_NAME
-    if not path.is_file():
+    if not present(path):
         raise InputError(
             f"neither {SINGLE_NAME} nor {TORCH_NAME} is here",
             path=root,

@@ -24,7 +24,7 @@ import numpy as np
 from ..disk.confine import boundary, confined, table_header
 from ..errors import InputError, UsageError
 from ..gguf.read import GgufFile, GgufFormatError, read_gguf
-from ..nano.checkpoint import NanoCheckpoint, expected_shapes, open_nano
+from ..nano.checkpoint import NanoCheckpoint, expected_shapes, open_nano, tokenizer_problem
 from ..nano.config import NanoConfig
 from ..nano.global_gguf import ARCH, global_array, plan_global_tensors
 from ..nano.layout import FORMAT, array_files, array_of
@@ -62,6 +62,8 @@ def verify_nano(target: Path, source: str | None, deep: bool) -> VerifyReport:
     rows.group = "gguf"
     for path in ggufs:
         _gguf_rows(path, nano, manifest["quant_types"][path.name], rows)
+    rows.check("finite weights", _nonfinite(folder, nano, ggufs),
+               "every array and GGUF tensor holds finite values")  # fmt: skip
     rows.group = "source"
     checkpoint = _source(folder, manifest, source, rows)
     if checkpoint is not None:
@@ -109,8 +111,9 @@ def _file_rows(folder: Path, manifest: dict, nano: NanoConfig, rows: Rows) -> li
     rows.check("arrays", _array_problems(folder, nano),
                f"{len(array_files(nano))} float32 .npy: 17 tables, the local transformer")
     tok = folder / "tokenizer.model"
-    rows.check("tokenizer", [] if tok.is_file() and tok.stat().st_size else
-               ["tokenizer.model is missing or empty"], "tokenizer.model")  # fmt: skip
+    problem = tokenizer_problem(tok, nano.dims.vocab) if tok.is_file() else "is missing"
+    rows.check("tokenizer", [f"tokenizer.model {problem}"] if problem else [],
+               "tokenizer.model loads, encodes, every id inside the text table")  # fmt: skip
     rows.check("synth config", _yaml_problems(folder), "every path names what exists")
     _codec_row(folder, rows)
     return [folder / n for n in names if n not in missing]
@@ -132,6 +135,31 @@ def _array_problems(folder: Path, nano: NanoConfig) -> list[str]:
         if shape != shapes[name] or dtype != np.dtype("<f4"):
             problems.append(f"{rel} is {dtype} {list(shape)}, not float32 {list(shapes[name])}")
     return problems
+
+
+def _nonfinite(folder: Path, nano: NanoConfig, ggufs: list[Path]) -> list[str]:
+    """The arrays and GGUF tensors holding NaN or infinity: a folder of them passes every
+    shape check and then speaks noise, or nothing."""
+    bad = [rel for rel in array_files(nano) if (folder / rel).is_file() and not
+           np.isfinite(np.load(folder / rel, mmap_mode="r", allow_pickle=False)).all()]  # fmt: skip
+    for path in ggufs:
+        try:
+            g = read_gguf(path)
+        except (GgufFormatError, OSError):
+            continue  # the header row names it
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for name, info in g.tensors.items():
+                if not g.in_file(info):
+                    continue  # the header row names it
+                raw = np.frombuffer(os.pread(fd, info.nbytes, g.abs_offset(info)), np.uint8)
+                values = dequantize_rows(raw.reshape(info.n_rows, info.row_bytes), info.type_name)
+                if not np.isfinite(values).all():
+                    bad.append(f"{path.name}: {name}")
+        finally:
+            os.close(fd)
+    return [f"{b} holds NaN or infinite values" for b in bad[:3]] + (
+        [f"and {len(bad) - 3} more"] if len(bad) > 3 else [])
 
 
 def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
@@ -234,6 +262,12 @@ def _value_rows(folder: Path, checkpoint: NanoCheckpoint, ggufs: list[Path], row
               and not np.array_equal(np.load(folder / rel, allow_pickle=False),
                                      array_of(checkpoint, name))]  # fmt: skip
     rows.check("arrays vs source", differ, f"{len(files)} arrays equal the source bit for bit")
+    theirs = {"config.json": checkpoint.root / "config.json",
+              "tokenizer.model": checkpoint.tokenizer}  # fmt: skip
+    copied = [name for name, there in theirs.items() if (folder / name).is_file()
+              and (there is None or not _same_bytes(folder / name, there))]  # fmt: skip
+    rows.check("copies vs source", [f"{n} is not the source's" for n in copied],
+               "config.json and tokenizer.model are the source's, byte for byte")
     for path in ggufs:
         try:
             problems, worst = _gguf_value_problems(read_gguf(path), checkpoint)
@@ -242,6 +276,10 @@ def _value_rows(folder: Path, checkpoint: NanoCheckpoint, ggufs: list[Path], row
         rows.check(f"{path.name}: values vs source", problems,
                    f"every tensor as written from the source (q/k permuted per head); worst "
                    f"relative RMSE {worst:.2e}")  # fmt: skip
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    return a.stat().st_size == b.stat().st_size and a.read_bytes() == b.read_bytes()
 
 
 def _gguf_value_problems(g: GgufFile, checkpoint: NanoCheckpoint) -> tuple[list[str], float]:
