@@ -390,6 +390,7 @@ def release_nano_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
                            "--output", str(out), "-q", "--audio-tokenizer",
                            str(ensure_tiny_nano_codec_folder())], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{out}\n", done.stdout  # -q: the folder's path alone
     return out
 
 

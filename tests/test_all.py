@@ -125,13 +125,18 @@ def test_a_folder_made_from_other_inputs_is_refused(
     assert sorted(p.name for p in out.parent.iterdir()) == [out.name]
 
 
-def test_a_work_folder_of_other_inputs_is_not_resumed(tmp_path: Path, held_run) -> None:
-    out = tmp_path / "w"
+def killed_at(held_run, out: Path, step: str) -> None:
+    """`all` on builtin:tiny into OUT, killed (SIGKILL) while held at STEP."""
     cmd = [sys.executable, "-m", "moss_gguf_cli", "all", "--model", "builtin:tiny", "-q"]
-    proc = held_run(cmd + ["--output", str(out)], "quantize",
+    proc = held_run(cmd + ["--output", str(out)], step,
                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+
+
+def test_a_work_folder_of_other_inputs_is_not_resumed(tmp_path: Path, held_run) -> None:
+    out = tmp_path / "w"
+    killed_at(held_run, out, "quantize")
     work = tmp_path / ".w.work"
     before = snapshot(work)
     other = run_all_cli(out, "--outtype", "bf16")
@@ -152,6 +157,80 @@ def test_all_fails_when_verify_cannot_run(finished, builds, tmp_path: Path, monk
     monkeypatch.setitem(sys.modules, "moss_gguf_cli.verify", None)  # import raises
     with pytest.raises(ImportError):
         run_all(AllSettings(model="builtin:tiny", output=out))
+
+
+def spoil_a_table(folder: Path) -> None:
+    """One value of a written table changed, the file replaced (never written into: its inode
+    is linked from the work folder or a shared build); only verify's checks can tell."""
+    table = folder / "lm_heads/lm_head_audio_00.npy"
+    values = np.load(table)
+    values[3, 5] += 1
+    spoiled = folder / "spoiled.npy"
+    np.save(spoiled, values)
+    os.replace(spoiled, table)
+
+
+def one_line_error(stderr: str) -> str:
+    line = stderr.strip()
+    assert len(line.splitlines()) == 1 and "Traceback" not in line, stderr
+    assert line.startswith("error:") and "verify failed: manifest: " in line, line
+    assert "lm_heads/lm_head_audio_00.npy: sha256 mismatch (1 failing check)" in line, line
+    return line
+
+
+def test_a_failing_final_verify_removes_what_the_run_wrote(tmp_path: Path, monkeypatch) -> None:
+    """The folder spoiled between layout and verify, at the run's verify hold point: the run
+    fails in one line, and nothing it wrote is left, the work folder included."""
+    from in_process import moss_gguf
+
+    out = tmp_path / "w"
+    (tmp_path / "mine.txt").write_text("not the run's")
+
+    def spoil_at_verify(point: str) -> None:
+        if point == "verify":
+            spoil_a_table(out)
+
+    monkeypatch.setattr("moss_gguf_cli.pipeline.steps.hold", spoil_at_verify)
+    ran = moss_gguf("all", "--model", "builtin:tiny", "--output", str(out), "-q")
+    assert ran.returncode == 1, ran.stdout + ran.stderr
+    line = one_line_error(ran.stderr)
+    assert str(out) in line and "the folder was removed" in line and "-v" in line, line
+    assert "moss-gguf verify" not in line  # nothing is left for it to read
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]
+    assert (tmp_path / "mine.txt").read_text() == "not the run's"
+
+
+def test_a_failing_verify_of_a_resumed_run_removes_the_unfinished_folder(
+    tmp_path: Path, held_run
+) -> None:
+    """Killed in verify, its folder spoiled: the rerun only verifies, but the folder never
+    passed a verify (its work folder is there), so it is the rerun's to remove."""
+    out = tmp_path / "w"
+    killed_at(held_run, out, "verify")
+    assert (tmp_path / ".w.work").is_dir() and (out / "manifest.json").is_file()
+    spoil_a_table(out)
+    (tmp_path / "mine.txt").write_text("not the run's")
+    rerun = run_all_cli(out, "-q")
+    assert rerun.returncode == 1, rerun.stderr
+    assert "the folder was removed" in one_line_error(rerun.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]
+
+
+def test_a_failing_verify_leaves_a_finished_runs_folder_as_it_was(
+    finished, builds, tmp_path: Path
+) -> None:
+    """A rerun that only verifies a folder a finished run made removes nothing: this run did
+    not write it; the line says so and how to see the report."""
+    out = builds.copy(finished[0], tmp_path / "w")
+    spoil_a_table(out)
+    before = snapshot(out)
+    proc = run_all_cli(out, "-q")
+    assert proc.returncode == 1, proc.stderr
+    line = one_line_error(proc.stderr)
+    assert "left as it was: a finished earlier run made it" in line, line
+    assert f"moss-gguf verify {out}" in line and "--force" in line, line
+    assert snapshot(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w"]
 
 
 def test_unknown_engine_on_a_finished_folder_is_a_one_line_error(finished) -> None:

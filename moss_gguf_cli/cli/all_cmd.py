@@ -301,27 +301,24 @@ def _first_class_summary(folder: FirstClassFolder, mode: OutputMode, quiet: bool
 
 
 def _nano_summary(run: NanoRun, mode: OutputMode, quiet: bool) -> None:
-    """The Nano folder's parts, verify's verdict and how to speak it."""
+    """The Nano folder's parts, verify's counts and how to speak it (a failing verify never
+    gets here: the run removed the folder and raised)."""
     folder = run.folder
-    if quiet:
+    if quiet:  # the folder's path alone, as for the other families: scripts read it
         typer.echo(str(folder.output))
-    else:
-        files = Table(title=f"{folder.output} (MOSS-TTS-Nano)", title_justify="left")
-        files.add_column("file")
-        files.add_column("size", justify="right")
-        parts = (*[g.name for g in folder.ggufs], "tables/", "local_transformer/",
-                 "tokenizer.model", "audio_tokenizer/")  # fmt: skip
-        for name in parts:
-            size = sum(s for p, s in folder.files if p == name or p.startswith(name))
-            files.add_row(name, human_bytes(size))
-        stdout.print(files)
-        counts = run.report.counts
-        stdout.print(f"verify: {counts['pass']} passed, {counts['warn']} warnings, "
-                     f"{counts['fail']} failed")  # fmt: skip
-    for row in run.report.failures():
-        stdout.print(f"verify failed: {row.name}: {row.detail}", soft_wrap=True)
+        return
+    files = Table(title=f"{folder.output} (MOSS-TTS-Nano)", title_justify="left")
+    files.add_column("file")
+    files.add_column("size", justify="right")
+    parts = (*[g.name for g in folder.ggufs], "tables/", "local_transformer/",
+             "tokenizer.model", "audio_tokenizer/")  # fmt: skip
+    for name in parts:
+        size = sum(s for p, s in folder.files if p == name or p.startswith(name))
+        files.add_row(name, human_bytes(size))
+    stdout.print(files)
+    counts = run.report.counts
+    stdout.print(f"verify: {counts['pass']} passed, {counts['warn']} warnings, "
+                 f"{counts['fail']} failed")  # fmt: skip
     config = folder.configs[0] if folder.configs else folder.output / "moss-tts-nano.yaml"
     stdout.print(f"speak it: moss-gguf synth --config {config} --text 'Hello' -o hello.wav",
                  soft_wrap=True)  # fmt: skip
-    if not run.report.ok:
-        raise typer.Exit(1)

@@ -1,5 +1,5 @@
 """`all` on a MOSS-TTS-Nano checkpoint: which inputs are Nano, where its files come from, and
-the Nano folder written (nano/folder.py) and verified.
+the Nano folder written (nano/folder.py) and verified (removed when it fails).
 
 Nano is told from its config.json for a local folder (nano/config.is_nano); a Hub id is Nano
 when its name is MOSS-TTS-Nano's (`OpenMOSS-Team/MOSS-TTS-Nano-100M`; the config is checked
@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..errors import InputError, UsageError
 from ..gguf.first_class import FORMAT as DELAY_FORMAT
+from ..hold_points import hold
 from ..nano.checkpoint import TOKENIZER_NAME, TORCH_NAME, is_nano_folder, open_nano
 from ..nano.folder import NanoFolder, NanoRequest, check_complete, write_nano_folder
 from ..nano.layout import DEFAULT_FILE_TYPE, FORMAT
@@ -33,6 +34,7 @@ from ..source.nano_codec import NanoCodec, open_nano_codec
 from ..verify import VerifyReport, verify
 from .made_from import MadeFrom, source_identity
 from .steps import AllSettings
+from .verify_failure import Written, removed_if_verify_fails, require_pass
 
 BUILTIN = f"{BUILTIN_PREFIX}{TINY_NANO}"
 HUB_PATTERNS = ["config.json", TORCH_NAME, SINGLE_NAME, INDEX_NAME, "model-*.safetensors",
@@ -63,7 +65,8 @@ def run_nano(
     default_types: bool,
     progress: ProgressReporter | None = None,
 ) -> NanoRun:
-    """The Nano folder at settings.output from settings.model, then verify's rows on it."""
+    """The Nano folder at settings.output from settings.model, then verify's rows on it; a
+    failing row removes the folder (VerifyFailed, verify_failure.py)."""
     bar = ensure(progress)
     settings = check_nano_settings(settings, formats, default_types)
     folder = resolve_nano(settings, bar)
@@ -82,7 +85,12 @@ def run_nano(
         force=settings.force,
     )  # fmt: skip
     written = write_nano_folder(checkpoint, codec, Path(settings.output), request, bar)
-    return NanoRun(written, verify(written.output, source=str(folder), progress=bar))
+    hold("verify")  # the folder complete, before its checks (hold_points.py)
+    # the folder is always this run's (staged: an existing one is refused or, --force, replaced)
+    with removed_if_verify_fails(Written(written.output)):
+        report = verify(written.output, source=str(folder), progress=bar)
+        require_pass(written.output, report.rows)
+    return NanoRun(written, report)
 
 
 def check_nano_settings(

@@ -8,8 +8,9 @@ intermediate safetensors copy is written unless asked for.
 
 `run_all` reads top to bottom: resolve the settings (checks and pre-flight, in the
 order that fails fastest), run the steps of `pipeline.steps` in order, finish (the work
-folder removed or kept). Pre-converted weights take `run_preconverted` instead, a first-class
-GGUF `run_from_first_class`: pipeline/route.py chooses, once.
+folder removed or kept). A final verify that fails removes what the run wrote
+(pipeline/verify_failure.py). Pre-converted weights take `run_preconverted` instead, a
+first-class GGUF `run_from_first_class`: pipeline/route.py chooses, once.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ from .steps import (
     plan_page_drops,
     verify_folder,
 )
+from .verify_failure import Written, removed_if_verify_fails
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +143,16 @@ def run_all(
     GGUFs the direct engine is to write in the same read as the backbone's (pipeline/dual.py)."""
     bar = ensure(progress)
     ctx = _resolve(settings, bar, on_step, also)
-    _run_steps(ctx)
+    with removed_if_verify_fails(_written(ctx)):
+        _run_steps(ctx)
     return _finish(ctx)
+
+
+def _written(ctx: RunContext) -> Written:
+    """Whose the output is when verify fails (verify_failure.py): this run's when it lays the
+    folder out, or when the run that did left its work folder (it never got past verify: a
+    finished run removes it); else a finished earlier run's, only verified by this one."""
+    return Written(ctx.output, (ctx.work,), ours=not ctx.layout_done or ctx.work.exists())
 
 
 # --------------------------------------------------------------------------- before the steps
@@ -369,11 +379,13 @@ def _run_steps(ctx: RunContext) -> None:
     if extracting is not None:
         extracting.finish()  # extract's own error, if any, is raised here
     dropping = _drop_intermediate(ctx)
-    ctx.run(LayoutStep())
-    ctx.run(VerifyStep())
+    try:
+        ctx.run(LayoutStep())
+        ctx.run(VerifyStep())
+    finally:
+        if dropping is not None:  # ended before a failed verify removes the work folder
+            dropping.join()
     ctx.bar.finish("steps")
-    if dropping is not None:
-        dropping.join()
 
 
 def _drop_intermediate(ctx: RunContext) -> threading.Thread | None:
@@ -455,7 +467,8 @@ def run_preconverted(
         took = time.perf_counter() - t
         steps.append(StepResult("layout", "done", took, f"{entries} files"))
     t = time.perf_counter()
-    report, detail = verify_folder(output, bar, record)
+    with removed_if_verify_fails(Written(output, ours=not finished)):
+        report, detail = verify_folder(output, bar, record)
     steps.append(StepResult("verify", "done", time.perf_counter() - t, detail))
     config, files, speaks = _manifest_summary(output)
     return AllResult(
@@ -556,7 +569,8 @@ def run_from_first_class(
     finally:
         shutil.rmtree(unpacked.work, ignore_errors=True)
     t = time.perf_counter()
-    report, detail = verify_folder(output, bar, record)
+    with removed_if_verify_fails(Written(output)):  # laid out by this run, always
+        report, detail = verify_folder(output, bar, record)
     steps.append(StepResult("verify", "done", time.perf_counter() - t, detail))
     config, files, speaks = _manifest_summary(output)
     ggufs = [output / n for n in unpacked.names]

@@ -37,6 +37,7 @@ from ..source.tables import npy_jobs
 from .extract import extract
 from .layout import LayoutMode, expected_tables, layout, read_meta
 from .made_from import MadeFrom
+from .verify_failure import require_pass
 
 if TYPE_CHECKING:
     from ..quantize.engines import Quantizer
@@ -391,23 +392,15 @@ def verify_folder(
     output: Path, progress: ProgressReporter, record: HashRecord
 ) -> tuple[object, str]:
     """verify's fast checks of a finished folder, taking what RECORD says the run's writers
-    hashed and checked; raises on a failing row. (report, detail)"""
+    hashed and checked; raises VerifyFailed on a failing row (its caller decides what becomes
+    of the folder: verify_failure.py). (report, detail)"""
     # lazy: an import error of verify/ fails this step, never reads as "done"
     from ..verify import CODEC_ROW, verify
 
     report = verify(output, progress=progress, record=record)
     silent = json.loads((output / MANIFEST_NAME).read_text()).get("audio_tokenizer", "?") is None
     # a folder made without a codec fails verify's codec row by design; all else must pass
-    failed = [
-        row for row in report.rows
-        if row.status == "fail" and not (silent and row.name == CODEC_ROW)
-    ]  # fmt: skip
-    if failed:
-        raise MossGgufError(
-            f"verify failed: {failed[0].name}: {failed[0].detail} ({len(failed)} failing checks)",
-            path=output,
-            hint="`moss-gguf verify` shows the full report; --force redoes all",
-        )
+    require_pass(output, report.rows, frozenset({CODEC_ROW} if silent else ()))
     return report, ("all checks pass" if not silent else "all checks pass but the codec's")
 
 
