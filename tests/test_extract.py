@@ -260,6 +260,16 @@ def _lang(**values) -> object:
     return lambda m: edit_json(m / "config.json", lambda c: c["language_config"].update(values))
 
 
+def _shaped(shape: list[int]) -> object:
+    def fn(m: Path) -> None:
+        header = _header_json(m)
+        name = next(k for k in header if k != "__metadata__")
+        header[name]["shape"] = shape
+        write_header(_shard1(m), json.dumps(header).encode())
+
+    return fn
+
+
 def _fifo(name: str) -> object:
     return lambda m: ((m / name).unlink(), os.mkfifo(m / name))
 
@@ -352,6 +362,25 @@ BAD_INPUTS = {
         "audio_pad_code is 1e+30, not a token id",
     ),
     "an int64 weight": (_as_int64("emb_ext.3.weight"), "'emb_ext.3.weight' is stored as I64"),
+    # malformed files that ended in "unexpected RecursionError/OverflowError/TypeError"
+    "config nested 100k deep": (
+        lambda m: (m / "config.json").write_text("[" * 100_000 + "]" * 100_000),
+        "config.json is not valid JSON (maximum recursion depth exceeded",
+    ),
+    "a count of 401 digits": (
+        lambda m: edit_json(m / "config.json", lambda c: c.update(n_vq=10**400)),
+        "n_vq is a number of 401 digits, more than any MOSS-TTS has",
+    ),
+    "architectures a number": (
+        lambda m: edit_json(m / "config.json", lambda c: c.update(architectures=5, model_type="x")),
+        "model_type 'x' is not a MOSS delay model",
+    ),
+    "a header nested 100k deep": (
+        lambda m: write_header(_shard1(m), b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+        "safetensors header is not valid JSON (maximum recursion depth exceeded",
+    ),
+    "a shape of 2^70 x 2^70": (_shaped([2**70, 2**70]), "that do not fit its shape [1180591620717"),
+    "a negative dimension": (_shaped([-1, 4]), "has a negative dimension in [-1, 4]"),
     # where a file belongs, something a read would block on or never finish
     "config is a FIFO": (_fifo("config.json"), "config.json: is a FIFO, not a regular file"),
     "a shard is a FIFO": (

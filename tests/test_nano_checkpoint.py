@@ -218,6 +218,7 @@ HOSTILE = [
     # counts that became gigabytes of names before a tensor was read
     ("gpt2_config.n_layer", 3e6, "gpt2_config.n_layer is 3000000, more than any MOSS-TTS-Nano"),
     ("n_vq", 3e8, "n_vq is 300000000, more than any MOSS-TTS-Nano"),
+    ("gpt2_config.n_embd", 10**400, "n_embd is a number of 401 digits, more than any"),
     # counts the weights do not bear out
     ("gpt2_config.n_layer", 3, "gpt2_config.n_layer is 3 but the weights hold 2 global layers"),
     ("local_transformer_layers", 2, "local_transformer_layers is 2 but the weights hold 1"),

@@ -131,7 +131,7 @@ def read_cached_probe(key: dict[str, Any]) -> ProbeResult | None:
         if data.get("key") != key:
             return None
         result = ProbeResult.from_dict(data)
-    except (OSError, ValueError, TypeError, AttributeError):
+    except (OSError, ValueError, TypeError, AttributeError, RecursionError):
         return None
     result.cached = True
     return result
@@ -220,7 +220,7 @@ def _last_stage(workdir: Path) -> str | None:
 def _read_result(workdir: Path) -> dict[str, Any] | None:
     try:
         return json.loads((workdir / _RESULT_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
 
 

@@ -87,7 +87,7 @@ def read_identity(g: GgufFile) -> BaseIdentity | None:
         return None
     try:
         dims = json.loads(hparams)
-    except ValueError:
+    except (ValueError, RecursionError):
         dims = {}
     model = g.kv.get(KEY_BASE_MODEL)
     return BaseIdentity(model if isinstance(model, str) else "", digest, dims)

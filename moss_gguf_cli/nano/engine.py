@@ -98,7 +98,7 @@ class NanoFolderConfig:
         try:
             nano = NanoConfig.from_dict(json.loads(config_json.read_text(encoding="utf-8")),
                                         config_json)  # fmt: skip
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             raise InputError(f"cannot read the model's config ({exc})", path=config_json,
                              hint=_HINT) from None  # fmt: skip
         settings = NanoSettings()

@@ -80,7 +80,7 @@ def _name_or_path(folder: Path) -> str | None:
         return None
     try:
         name = json.loads(path.read_text()).get("_name_or_path")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return None
     return name if isinstance(name, str) and is_repo_id(name) else None
 

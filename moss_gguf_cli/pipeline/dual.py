@@ -105,7 +105,7 @@ def _refuse_other_handoff(handoff: Path, made_from: MadeFrom, tables: str | None
     """A hand-off folder is resumed only by a run of the same inputs and audio tables."""
     try:
         record = json.loads((handoff / HANDOFF_RECORD).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         record = {}
     theirs = MadeFrom.from_json(record.get("made_from")) if isinstance(record, dict) else None
     refuse_other(handoff, theirs, made_from, WORK_KEYS)

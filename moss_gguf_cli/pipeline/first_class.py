@@ -298,7 +298,7 @@ def read_manifest(folder: Path) -> dict | None:
     path = Path(folder) / MANIFEST_NAME
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) and data.get("format") == FORMAT else None
 

@@ -95,7 +95,7 @@ def file_sha256(path: Path | None) -> str | None:
 def read_record(path: Path) -> MadeFrom | None:
     try:
         return MadeFrom.from_json(json.loads(path.read_text()))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
 
 
@@ -103,7 +103,7 @@ def manifest_made_from(output: Path) -> MadeFrom | None:
     """What a finished folder's manifest says it was made from (None: not recorded)."""
     try:
         data = json.loads((Path(output) / MANIFEST_NAME).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return MadeFrom.from_json(data.get("made_from")) if isinstance(data, dict) else None
 

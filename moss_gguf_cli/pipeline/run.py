@@ -127,7 +127,7 @@ def _layout_complete(output: Path, gguf_names: list[str]) -> bool:
         if sorted(data["quant_types"]) != sorted(gguf_names):
             return False
         return all((output / f["path"]).stat().st_size == f["size"] for f in data["files"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return False
 
 

@@ -241,7 +241,7 @@ def read_json(path: Path, what: str) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise InputError(f"{what} not found", path=path) from exc
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise InputError(
             f"{what} is not valid JSON ({exc})",
             path=path,
@@ -263,7 +263,8 @@ _ONLY_DELAY = "only MOSS delay models convert to a llama.cpp backbone"
 def detect_lookalike(config: dict[str, Any], path: Path) -> None:
     """Refuse, with the likely model name, what is not a MOSS delay model."""
     model_type = str(config.get("model_type", ""))
-    archs = [str(a) for a in config.get("architectures") or []]
+    listed = config.get("architectures")
+    archs = [str(a)[:80] for a in listed] if isinstance(listed, list) else []
     if model_type == "moss_tts_nano":  # its own family (nano/): `all` routes it there
         raise UnsupportedModelError(
             "MOSS-TTS-Nano (model_type 'moss_tts_nano') is not a MOSS delay model; `all` "

@@ -21,7 +21,9 @@ MOST_ID = (1 << 31) - 1  # token ids travel as int32
 
 
 def _number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+    # an int is finite however long (math.isfinite(10**400) would overflow converting it)
+    return not isinstance(value, bool) and (isinstance(value, int) or
+                                            isinstance(value, float) and math.isfinite(value))
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,9 @@ class ConfigValues:
 
 
 def _whole(value: int | float) -> str:
-    return f"{int(value)}" if value < 1e15 else f"{value:g}"  # 1e30 is not 31 digits of noise
+    if value < 10**15:
+        return f"{int(value)}"
+    return f"{value:g}" if isinstance(value, float) else f"a number of {len(str(value))} digits"
 
 
 def _short(value: Any) -> str:

@@ -176,7 +176,7 @@ def open_adapter(spec: AdapterSpec, cache_dir: Path | None = None,
 def _read_config(path: Path) -> dict:
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise InputError(f"cannot be read as JSON ({exc})", path=path) from None
     if not isinstance(config, dict):
         raise InputError("is not a JSON object", path=path)

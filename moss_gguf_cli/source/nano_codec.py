@@ -93,7 +93,7 @@ def read_meta(folder: Path) -> dict:
     confined(path, boundary(folder))
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise InputError(f"cannot be read as JSON ({exc})", path=path, hint=_HINT) from None
     if not isinstance(meta, dict) or not isinstance(meta.get("files"), dict):
         raise InputError("has no files table", path=path, hint=_HINT)

@@ -230,7 +230,7 @@ def check_manifest(root: Path, rels: list[str], known: dict[str, str]) -> dict[s
     try:
         listed = {f["path"]: str(f["sha256"]).lower()
                   for f in json.loads((root / MANIFEST_NAME).read_text())["files"]}  # fmt: skip
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         where = root / MANIFEST_NAME
         raise InputError(f"{MANIFEST_NAME} is unreadable ({exc})", path=where) from None
     out = {}

@@ -10,6 +10,7 @@ and we write shards by streaming: header first, then each tensor's bytes.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -108,15 +109,20 @@ def read_header(path: Path) -> SafetensorsFile:
         raise InputError(f"cannot read: {exc.strerror}", path=path) from exc
     try:
         header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        # RecursionError: a header of nested arrays deeper than the parser recurses
         raise InputError(
-            f"safetensors header is not valid JSON ({exc})", path=path, hint=_CORRUPT_HINT
-        ) from exc
+            f"safetensors header is not valid JSON ({str(exc)[:120]})", path=path,
+            hint=_CORRUPT_HINT,
+        ) from None
     if not isinstance(header, dict):
         raise InputError("safetensors header is not a JSON object", path=path, hint=_CORRUPT_HINT)
     data_start = 8 + n
     data_len = size - data_start
     metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise InputError("safetensors __metadata__ is not an object", path=path,
+                         hint=_CORRUPT_HINT)  # fmt: skip
     tensors: dict[str, TensorInfo] = {}
     end_max = 0
     for name, entry in header.items():
@@ -126,11 +132,16 @@ def read_header(path: Path) -> SafetensorsFile:
             begin, end = (int(x) for x in entry["data_offsets"])
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(
-                f"malformed entry for tensor {name!r}", path=path, hint=_CORRUPT_HINT
+                f"malformed entry for tensor {name[:80]!r}", path=path, hint=_CORRUPT_HINT
             ) from exc
-        if dtype not in STORAGE_DTYPES:
-            raise InputError(f"tensor {name!r} has unsupported dtype {dtype}", path=path)
-        expected = int(np.prod(shape, dtype=np.int64)) * STORAGE_DTYPES[dtype].itemsize
+        if not isinstance(dtype, str) or dtype not in STORAGE_DTYPES:
+            raise InputError(f"tensor {name[:80]!r} has unsupported dtype {str(dtype)[:20]}",
+                             path=path)  # fmt: skip
+        if any(d < 0 for d in shape):
+            raise InputError(f"tensor {name[:80]!r} has a negative dimension in {list(shape)}",
+                             path=path, hint=_CORRUPT_HINT)  # fmt: skip
+        # Python's ints: a shape of 2^70 × 2^70 is refused below, not overflowed
+        expected = math.prod(shape) * STORAGE_DTYPES[dtype].itemsize
         if begin < 0 or end < begin or end - begin != expected:
             raise InputError(
                 f"tensor {name!r} has offsets {begin}..{end} that do not fit its "

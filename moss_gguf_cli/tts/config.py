@@ -425,7 +425,7 @@ def find_model_info(config: SynthConfig) -> ModelInfo:
 def _moss_section(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise InputError(f"cannot read model facts: {exc}", path=path) from exc
     if not isinstance(data, dict):
         return None

@@ -76,7 +76,7 @@ def folder_model(backbone_gguf: Path, model_config: Path | None) -> str:
         pass
     try:
         named = str(json.loads(Path(model_config).read_text()).get("source_model") or "")
-    except (OSError, ValueError, TypeError, AttributeError):
+    except (OSError, ValueError, TypeError, AttributeError, RecursionError):
         return ""
     return named if named.startswith("builtin:") or is_repo_id(named) else ""
 
@@ -143,7 +143,7 @@ def _first_class_type(lm_head_dir: Path) -> str:
     when that was not F16 (extraction_meta.json's first_class); "" otherwise."""
     try:
         made = json.loads((lm_head_dir.parent / "extraction_meta.json").read_text())["first_class"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return ""
     stem = DIGEST_TABLE.removesuffix(".npy")
     if stem in (made.get("dequantized") or []):

@@ -16,7 +16,7 @@ def format_manifest(path: Path, fmt: str) -> dict | None:
     """The manifest of a folder of format FMT, None when PATH is not one."""
     try:
         data = json.loads((Path(path) / MANIFEST_NAME).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) and data.get("format") == fmt else None
 

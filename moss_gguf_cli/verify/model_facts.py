@@ -84,7 +84,7 @@ def read_meta_facts(meta_path: Path | None, rows: Rows) -> tuple[Facts | None, d
         if not isinstance(meta, dict) or not isinstance(meta.get("moss_config"), dict):
             raise ValueError("no moss_config section")
         facts = facts_from_config(meta["moss_config"], meta_path.name, meta_path)
-    except (OSError, UnicodeDecodeError, ValueError, MossGgufError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, MossGgufError, RecursionError) as exc:
         msg = exc.message if isinstance(exc, MossGgufError) else str(exc)
         rows.add("model facts", FAIL, f"{meta_path.name} is unreadable: {msg}")
         return None, {}

@@ -93,7 +93,7 @@ def _deep(checkpoint: NanoCheckpoint | None, ggufs: dict[Path, str], folder: Pat
 def _json(path: Path) -> dict:
     try:
         data = json.loads(confined(path, boundary(path.parent)).read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise InputError(f"cannot be read as JSON ({exc})", path=path,
                          hint="make the folder again with moss-gguf all") from None  # fmt: skip
     if not isinstance(data, dict):

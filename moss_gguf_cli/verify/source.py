@@ -101,7 +101,7 @@ def _manifest_lora(ctx: Context) -> list[dict]:
     path = ctx.t.manifest
     try:
         data = json.loads(path.read_text(encoding="utf-8")) if path is not None else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return []  # the manifest's own row says what is wrong with it
     lora = data.get("lora") if isinstance(data, dict) else None
     return [r for r in lora if isinstance(r, dict) and "adapter" in r] if isinstance(lora, list) \

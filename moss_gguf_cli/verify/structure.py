@@ -198,7 +198,7 @@ def manifest_entries(ctx: Context) -> dict[str, dict[str, Any]]:
         files = data["files"]
         if not isinstance(files, list):
             raise TypeError("'files' is not a list")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         ctx.manifest_problems.append(f"{m.name} is unreadable ({exc})")
         return {}
     out: dict[str, dict[str, Any]] = {}
@@ -252,7 +252,7 @@ def _download_rows(ctx: Context) -> None:
     """What each downloaded input's hashes were checked against when the folder was made."""
     try:
         checks = json.loads(ctx.t.manifest.read_text(encoding="utf-8")).get("checks") or {}
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return
     for what, how in sorted(checks.items()):
         if isinstance(how, str):
