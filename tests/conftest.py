@@ -4,6 +4,7 @@ helpers (held runs, YAMLs)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -383,8 +384,12 @@ def release_nano_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from moss_gguf_cli.nano.tiny import CONFIG, ensure_tiny_nano, ensure_tiny_nano_codec_folder
 
     source = tmp_path_factory.mktemp("nano-release") / "release"
-    write_release(source, CONFIG, release_state(CONFIG, torch.bfloat16, seed=5))
+    state = release_state(CONFIG, torch.bfloat16, seed=5)
+    del state["local_transformer.wte.weight"]  # the release's 194 tensors have none
+    write_release(source, release_shaped(CONFIG), state)
     shutil.copyfile(ensure_tiny_nano() / "tokenizer.model", source / "tokenizer.model")
+    (source / "special_tokens_map.json").write_text(json.dumps(
+        {"pad_token": "<pad>", "unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"}))
     out = source.parent / "w"
     done = subprocess.run([sys.executable, "-m", "moss_gguf_cli", "all", "--model", str(source),
                            "--output", str(out), "-q", "--audio-tokenizer",
@@ -392,6 +397,19 @@ def release_nano_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"{out}\n", done.stdout  # -q: the folder's path alone
     return out
+
+
+def release_shaped(config: dict) -> dict:
+    """CONFIG with the release's quirks (its config.json as published): a top-level dtype that
+    says float32 over bf16 weights, nulls in keys nothing reads, gpt2_config as GPT2Config
+    dumps it (every key explicit)."""
+    gpt2 = {**config["gpt2_config"], "dtype": None, "bos_token_id": 50256, "eos_token_id": 50256,
+            "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1, "initializer_range": 0.02,
+            "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
+            "reorder_and_upcast_attn": False, "summary_type": "cls_index", "use_cache": True,
+            "task_specific_params": None, "problem_type": None}  # fmt: skip
+    return {**config, "dtype": "float32", "bos_token_id": None, "eos_token_id": None,
+            "gpt2_config": gpt2}  # fmt: skip
 
 
 def nano_yaml(folder: Path, name: str, tmp: Path, **values) -> Path:

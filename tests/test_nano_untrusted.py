@@ -154,3 +154,17 @@ def test_verify_source_fails_a_config_that_is_not_the_sources(folder):
     _replaced(folder, "config.json", json.dumps(config).encode())
     row = _rows(folder, "--source", "builtin:tiny-nano")["copies vs source"]
     assert row["status"] == "fail" and "config.json is not the source's" in row["detail"], row
+
+
+def test_the_release_shaped_checkpoint_converts_and_verifies_against_its_source(
+    release_nano_folder,
+):
+    """Written as the release is (DESIGN's facts: float32 said over bf16 stored, nulls, no
+    local_transformer.wte, special_tokens_map.json): every row passes under --source, so the
+    release's quirks are not errors (test_nano_speak and test_nano_serve speak it)."""
+    source = release_nano_folder.parent / "release"
+    config = json.loads((source / "config.json").read_text())
+    assert config["dtype"] == "float32" and config["bos_token_id"] is None
+    rows = _rows(release_nano_folder, "--source", str(source))
+    assert all(r["status"] == "pass" for r in rows.values()), rows
+    assert rows["copies vs source"]["status"] == "pass"
