@@ -6,6 +6,7 @@ module too long to hold in one's head."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "moss_gguf_cli"
@@ -91,15 +92,16 @@ def test_no_import_cycle():
 
 
 def test_only_the_cli_imports_the_server_and_it_imports_only_the_core_it_needs():
-    """serve/ sits on top: only cli/ may import it; it uses tts/, the model families' rooms
-    (nano/), errors, progress, hold_points."""
+    """serve/ sits on top: only cli/ and the family registry (each family's serve entry) may
+    import it; it uses tts/, the model families' rooms (nano/), errors, progress, hold_points."""
     known = modules()
     graph = {name: imports(name, path, known) for name, path in known.items()}
     serve = "moss_gguf_cli.serve"
     inside = {n for n in graph if n == serve or n.startswith(f"{serve}.")}
     assert "moss_gguf_cli.serve.scheduler" in inside  # the walk sees the package
     importers = {n for n, deps in graph.items() if deps & inside} - inside
-    assert importers and all(n.startswith("moss_gguf_cli.cli.") for n in importers), importers
+    assert importers and all(n.startswith(("moss_gguf_cli.cli.", "moss_gguf_cli.families."))
+                             for n in importers), importers  # fmt: skip
     allowed = ("moss_gguf_cli.tts", "moss_gguf_cli.nano", "moss_gguf_cli.errors",
                "moss_gguf_cli.progress", "moss_gguf_cli.hold_points", serve)  # fmt: skip
     used = set().union(*(graph[n] for n in inside)) - inside
@@ -123,8 +125,9 @@ RANKS = {
     "nano": 5,  # a model family's room: above what families share, below what uses a family
     "verify": 6, "doctor": 6,
     "pipeline": 7, "serve": 7,
-    "cli": 8,
-    "__main__": 9,  # python -m moss_gguf_cli: the entry point over the CLI
+    "families": 8,  # the registry: which family an input, folder or config is; its entries
+    "cli": 9,
+    "__main__": 10,  # python -m moss_gguf_cli: the entry point over the CLI
 }  # fmt: skip
 LAZY_MARK = "# lazy:"  # an import of another room inside a function says why, on the line above
 
@@ -199,6 +202,36 @@ def test_imports_between_rooms_are_at_the_top_unless_they_say_why():
     known = modules()
     found = [bad for n, p in known.items() for bad in unexplained_lazy_imports(n, p, known)]
     assert found == []
+
+
+# A family's code outside its room until #61's step 2 moves it home, and the delay family's
+# reader (source/checkpoint.py), which refuses the others' checkpoints by name
+FAMILY_CODE = ("nano/", "families/", "pipeline/nano.py", "verify/nano.py", "verify/nano_deep.py",
+               "serve/nano_worker.py", "source/nano_codec.py", "source/tiny_nano_codec.py",
+               "source/checkpoint.py")  # fmt: skip
+NAMES_A_FAMILY = re.compile(r"^\s*(if|elif)\b.*nano", re.IGNORECASE)
+
+
+def family_branches(root: Path) -> list[str]:
+    """The if/elif lines outside a family's code that name a family (comments included): the
+    stages ask the registry (families/) instead."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith(FAMILY_CODE):
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if NAMES_A_FAMILY.match(line):
+                found.append(f"{rel}:{number}: {line.strip()}")
+    return found
+
+
+def test_the_stages_never_branch_on_a_family(tmp_path):
+    assert family_branches(PKG) == []
+    planted = tmp_path / "cli" / "synth_cmd.py"
+    planted.parent.mkdir()
+    planted.write_text("def f(config):\n    if is_nano_config(config):\n        return 1\n")
+    assert family_branches(tmp_path) == ["cli/synth_cmd.py:2: if is_nano_config(config):"]
 
 
 def test_every_room_says_what_it_holds_and_may_import():

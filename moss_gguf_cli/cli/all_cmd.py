@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import singledispatch
 from pathlib import Path
 from typing import Annotated
 
@@ -10,13 +11,14 @@ from rich.table import Table
 
 from ..disk.staging import human_bytes
 from ..errors import UsageError
+from ..families import for_input
 from ..gguf.first_class import FORMAT
 from ..pipeline.audio_codec import DEFAULT_REPO as CODEC_REPO
 from ..pipeline.first_class import FirstClassFolder, parse_formats
-from ..pipeline.nano import NanoRun, is_nano_input
+from ..pipeline.nano import NanoRun
 from ..pipeline.push import hub_token, plan_push, push
 from ..pipeline.recipes import Recipe, load_recipe
-from ..pipeline.route import AllRequest, run_request
+from ..pipeline.route import AllOutcome, AllRequest
 from ..pipeline.run import AllResult, AllSettings
 from ..quantize.engines import Engine
 from ..source.audio_tokenizer import DEFAULT_REPO, parse_flag
@@ -221,20 +223,28 @@ def all_command(
     if push_to_hub is not None and len(parse_formats(fmt)) > 1:
         raise UsageError("--push-to-hub pushes one folder; two formats make two",
                          hint="push each with: moss-gguf push FOLDER REPO_ID")  # fmt: skip
-    if push_to_hub is not None and is_nano_input(model):
-        raise UsageError("--push-to-hub does not publish a MOSS-TTS-Nano folder yet",
+    family = for_input(model)
+    if push_to_hub is not None and not family.publishes:
+        raise UsageError(f"--push-to-hub does not publish a {family.title} folder yet",
                          hint="convert it, then share the folder as it is")  # fmt: skip
     if push_to_hub is not None:
         hub_token()  # no token: said before the long work, not after it
     with progress_for(mode) as bar:
-        outcome = run_request(request, progress=bar)
-        result, folder = outcome.result, outcome.folder
+        outcome = family.convert(request, bar)
         pushed = None
         if push_to_hub is not None:
-            made = result.output if result is not None else folder.output
+            made = outcome.result.output if outcome.result is not None else outcome.folder.output
             pushed = push(plan_push(made, push_to_hub, bar), progress=bar)
-    if outcome.nano is not None:
-        _nano_summary(outcome.nano, mode, quiet)
+    _render(outcome, mode, quiet)
+    if pushed is not None:
+        where = pushed.commit_url or "nothing sent: every file is already there"
+        stdout.print(f"pushed to {pushed.repo_id}: {where}", highlight=False, soft_wrap=True)
+
+
+@singledispatch
+def _render(outcome: AllOutcome, mode: OutputMode, quiet: bool) -> None:
+    """What `all` made, as its family's result says it (one renderer a result type)."""
+    result, folder = outcome.result, outcome.folder
     if result is not None:
         if not quiet:
             _summary(result, mode)
@@ -249,9 +259,6 @@ def all_command(
             f"moss-gguf layout --output {result.output} --audio-tokenizer {DEFAULT_REPO}",
             soft_wrap=True,
         )
-    if pushed is not None:
-        where = pushed.commit_url or "nothing sent: every file is already there"
-        stdout.print(f"pushed to {pushed.repo_id}: {where}", highlight=False, soft_wrap=True)
 
 
 def _summary(result: AllResult, mode: OutputMode) -> None:
@@ -300,6 +307,7 @@ def _first_class_summary(folder: FirstClassFolder, mode: OutputMode, quiet: bool
     )
 
 
+@_render.register
 def _nano_summary(run: NanoRun, mode: OutputMode, quiet: bool) -> None:
     """The Nano folder's parts, verify's counts and how to speak it (a failing verify never
     gets here: the run removed the folder and raised)."""

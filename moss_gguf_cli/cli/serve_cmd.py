@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from ..doctor import preflight
+from ..families import for_config
 from ..serve.settings import ServeSettings
 from ..tts.lora import LoraSpec
 from ._command import command
@@ -134,7 +135,8 @@ def serve_command(
     run_server = _server()
     preflight(needs_quantize=False, output=None, needed_bytes=None, llama_cpp=None,
               engine="auto", needs_runtime=True)  # fmt: skip
-    run_server(settings, lambda line: info(mode, line), quiet=quiet)
+    run_server(settings, for_config(settings.config).serve, lambda line: info(mode, line),
+               quiet=quiet)  # fmt: skip
 
 
 def _server():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import replace
+from functools import singledispatch
 from pathlib import Path
 from typing import Annotated
 
@@ -14,7 +15,8 @@ from rich.table import Table
 
 from ..doctor import preflight
 from ..errors import InputError, UsageError
-from ..nano.engine import NanoFolderConfig, is_nano_config
+from ..families import for_config
+from ..nano.engine import NanoFolderConfig
 from ..nano.synth import nano_synth
 from ..quantize.engines import Engine
 from ..tts import (
@@ -210,25 +212,25 @@ def synth_command(
 ) -> None:
     mode = OutputMode(quiet=quiet, verbose=verbose)
     setup_logging(mode)
-    if is_nano_config(config):
-        _refuse_delay_only({"--reference-text": reference_text, "--instruction": instruction,
-                            "--language": language, "--tokens": tokens, "--quality": quality,
-                            "--sound-event": sound_event, "--ambient-sound": ambient_sound,
-                            "--heads-backend": heads_backend, "--n-gpu-layers": n_gpu_layers,
-                            "--flash-attn": flash_attn, "--dry-run": dry_run,
-                            "--json": as_json, "--lora": lora}, reference)  # fmt: skip
-        sampling = dict(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
-                        text_temperature=text_temperature, text_top_p=text_top_p,
-                        text_top_k=text_top_k, audio_temperature=audio_temperature,
-                        audio_top_p=audio_top_p, audio_top_k=audio_top_k,
-                        audio_repetition_penalty=audio_repetition_penalty, seed=seed)  # fmt: skip
-        return _speak_nano(config, output, _read_text(text, text_file), (reference or [None])[0],
-                           sampling, stream, threads, n_ctx, profile, mode)  # fmt: skip
+    given = {k: v for k, v in locals().items() if k not in ("config", "quiet", "verbose")}
+    # the family's own reading of the config (families/), then its way of speaking (by type)
+    _synth(for_config(config).read_config(config), **given)
+
+
+@singledispatch
+def _synth(folder: Path, *, output, text, text_file, reference, reference_text, instruction,
+           language, tokens, quality, sound_event, ambient_sound, max_new_tokens, min_new_tokens,
+           seed, text_temperature, text_top_p, text_top_k, audio_temperature, audio_top_p,
+           audio_top_k, audio_repetition_penalty, heads_backend, n_gpu_layers, n_ctx, flash_attn,
+           threads, low_memory, normalize, stream, profile, dry_run, as_json, max_batch,
+           runaway_retries, lora, mode) -> None:  # fmt: skip
+    """A delay family's folder speaks (every option it takes, the others refused): FOLDER is
+    its synth config's path, read once the options that need no file are checked."""
     if min_new_tokens is not None:
         raise UsageError("--min-new-tokens is MOSS-TTS-Nano's; the delay models stop on "
                          "their own <|im_end|>")  # fmt: skip
     language_name(language)  # a wrong language is one line now, not after minutes of loading
-    settings = SynthConfig.from_yaml(config).override(
+    settings = SynthConfig.from_yaml(folder).override(
         max_new_tokens=max_new_tokens,
         text_temperature=text_temperature,
         text_top_p=text_top_p,
@@ -287,6 +289,29 @@ def synth_command(
         typer.echo(str(result.output))
 
 
+@_synth.register
+def _synth_nano(folder: NanoFolderConfig, *, output, text, text_file, reference, reference_text,
+                instruction, language, tokens, quality, sound_event, ambient_sound, max_new_tokens,
+                min_new_tokens, seed, text_temperature, text_top_p, text_top_k, audio_temperature,
+                audio_top_p, audio_top_k, audio_repetition_penalty, heads_backend, n_gpu_layers,
+                n_ctx, flash_attn, threads, low_memory, normalize, stream, profile, dry_run,
+                as_json, max_batch, runaway_retries, lora, mode) -> None:  # fmt: skip
+    """A MOSS-TTS-Nano folder speaks: the options it takes, the delay models' refused."""
+    _refuse_delay_only({"--reference-text": reference_text, "--instruction": instruction,
+                        "--language": language, "--tokens": tokens, "--quality": quality,
+                        "--sound-event": sound_event, "--ambient-sound": ambient_sound,
+                        "--heads-backend": heads_backend, "--n-gpu-layers": n_gpu_layers,
+                        "--flash-attn": flash_attn, "--dry-run": dry_run,
+                        "--json": as_json, "--lora": lora}, reference)  # fmt: skip
+    sampling = dict(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
+                    text_temperature=text_temperature, text_top_p=text_top_p,
+                    text_top_k=text_top_k, audio_temperature=audio_temperature,
+                    audio_top_p=audio_top_p, audio_top_k=audio_top_k,
+                    audio_repetition_penalty=audio_repetition_penalty, seed=seed)  # fmt: skip
+    _speak_nano(folder, output, _read_text(text, text_file), (reference or [None])[0],
+                       sampling, stream, threads, n_ctx, profile, mode)  # fmt: skip
+
+
 def _refuse_delay_only(given: dict, reference: list[Path] | None) -> None:
     named = [name for name, value in given.items() if value]
     if named:
@@ -297,11 +322,10 @@ def _refuse_delay_only(given: dict, reference: list[Path] | None) -> None:
         raise UsageError("MOSS-TTS-Nano clones one voice: give one --reference clip")
 
 
-def _speak_nano(config: Path, output: Path, words: str | None, reference: Path | None,
+def _speak_nano(folder: NanoFolderConfig, output: Path, words: str | None, reference: Path | None,
                 sampling: dict, stream: bool, threads: int | None, n_ctx: int | None,
                 profile: bool, mode: OutputMode) -> None:  # fmt: skip
     """A Nano folder speaks: 48 kHz stereo, a WAV, or 16-bit PCM as it is made (--stream)."""
-    folder = NanoFolderConfig.from_yaml(config)
     settings = folder.settings.override(**sampling)
     if stream:
         sink = sys.stdout.buffer if str(output) == "-" else output

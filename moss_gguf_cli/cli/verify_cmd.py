@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from ..verify import PASS, VerifyReport, verify
+from ..families import for_folder
+from ..verify import PASS, VerifyReport
 from ._command import command
 from ._options import Quiet, Verbose
 from ._output import STATUS_STYLE as STYLE
@@ -81,7 +82,7 @@ def verify_command(
     mode = OutputMode(quiet=quiet, verbose=verbose, json=json_)
     setup_logging(mode)
     with progress_for(mode) as bar:
-        report = verify(target, source=source, deep=deep, progress=bar)
+        report = for_folder(target).verify(target, source, deep, bar)
     finish_report(report, render, json_=json_, quiet=quiet)
 
 

@@ -13,3 +13,6 @@ TOKENIZER_DIR = "tokenizer"
 AUDIO_TOKENIZER_DIR = "audio_tokenizer"
 CONFIG_NAME = "moss-tts.yaml"
 MANIFEST_NAME = "manifest.json"
+# the synth config's key naming the family whose folder it is (none: the delay family, whose
+# folders were made before families said so); each family names itself (families/)
+FAMILY_KEY = "family"

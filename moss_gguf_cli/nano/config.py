@@ -15,6 +15,7 @@ from typing import Any
 from ..errors import InputError, UnsupportedModelError
 from ..source.config_values import ConfigValues
 
+FAMILY_NAME = "moss-tts-nano"  # its folders' manifest format and synth config's family
 MODEL_TYPE = "moss_tts_nano"
 ARCHITECTURE = "global_local_transformer"
 TOKEN_KEYS = (

@@ -26,14 +26,14 @@ import numpy as np
 import yaml
 
 from ..disk.confine import boundary, child, confined
+from ..disk.layout_names import FAMILY_KEY
 from ..errors import InputError, ToolError, UsageError
 from ..native.cpu_features import physical_cores
 from ..native.libggml import GgmlUnavailable
 from ..source.nano_codec import open_nano_codec
-from ..tts.config import FAMILY_KEY, NANO_FAMILY
 from ..tts.sampling import Sampler, SamplingParams
 from .codec import DecodePlan, NanoCodecRuntime
-from .config import NanoConfig
+from .config import FAMILY_NAME, NanoConfig
 from .ggml_global import GgmlGlobal
 from .ggml_local import GgmlLocal, aligned
 from .layout import local_files, table_files
@@ -43,16 +43,6 @@ from .settings import SETTING_KEYS, NanoSettings
 
 _HINT = "rerun `moss-gguf all` on the model"
 SHARED_KEPT = 8  # voices whose shared prompt rows are kept as KV state (~5-10 MB each)
-
-
-def is_nano_config(path: Path) -> bool:
-    """Whether the YAML at PATH says it is a Nano folder's (False when it cannot be read: the
-    delay family's reader then says why)."""
-    try:
-        data = yaml.safe_load(Path(path).expanduser().read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return False
-    return isinstance(data, dict) and data.get(FAMILY_KEY) == NANO_FAMILY
 
 
 @dataclass(frozen=True)
@@ -83,8 +73,8 @@ class NanoFolderConfig:
 
     @classmethod
     def from_dict(cls, data: Any, path: Path) -> NanoFolderConfig:
-        if not isinstance(data, dict) or data.get(FAMILY_KEY) != NANO_FAMILY:
-            raise InputError(f"not a MOSS-TTS-Nano config ({FAMILY_KEY}: {NANO_FAMILY})",
+        if not isinstance(data, dict) or data.get(FAMILY_KEY) != FAMILY_NAME:
+            raise InputError(f"not a MOSS-TTS-Nano config ({FAMILY_KEY}: {FAMILY_NAME})",
                              path=path, hint=_HINT)  # fmt: skip
         folder = path.resolve().parent
         root = boundary(folder)

@@ -30,13 +30,13 @@ import dataclasses
 
 import numpy as np
 
-from ..tts.config import FAMILY_KEY, NANO_FAMILY
+from ..disk.layout_names import FAMILY_KEY
 from .checkpoint import NanoCheckpoint, block_shapes
-from .config import NanoConfig
+from .config import FAMILY_NAME, NanoConfig
 from .local import DEFAULT_LOCAL_TYPE
 from .settings import DEFAULT_N_CTX, NanoSettings
 
-FORMAT = NANO_FAMILY
+FORMAT = FAMILY_NAME
 GLOBAL_STEM = "nano_global"
 TABLES_DIR = "tables"
 LOCAL_DIR = "local_transformer"
@@ -88,7 +88,7 @@ def synth_config(checkpoint: NanoCheckpoint, gguf: str, codec: str | None) -> di
     """What the folder is, for the Nano engine: every path relative to the YAML."""
     nano, dims = checkpoint.nano, checkpoint.nano.dims
     return {
-        FAMILY_KEY: NANO_FAMILY,
+        FAMILY_KEY: FAMILY_NAME,
         "global_gguf": gguf,
         "tables_dir": TABLES_DIR,
         "local_dir": LOCAL_DIR,

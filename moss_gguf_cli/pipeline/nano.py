@@ -31,8 +31,11 @@ from ..source.hub import check_files, download, is_repo_id, list_files
 from ..source.nano_codec import DEFAULT_REPO as CODEC_REPO
 from ..source.nano_codec import HUB_PATTERNS as CODEC_PATTERNS
 from ..source.nano_codec import NanoCodec, open_nano_codec
-from ..verify import VerifyReport, verify
+from ..verify import VerifyReport
+from ..verify.nano import verify_nano
+from .first_class import parse_formats
 from .made_from import MadeFrom, source_identity
+from .route import AllRequest
 from .steps import AllSettings
 from .verify_failure import Written, removed_if_verify_fails, require_pass
 
@@ -88,9 +91,17 @@ def run_nano(
     hold("verify")  # the folder complete, before its checks (hold_points.py)
     # the folder is always this run's (staged: an existing one is refused or, --force, replaced)
     with removed_if_verify_fails(Written(written.output)):
-        report = verify(written.output, source=str(folder), progress=bar)
+        report = verify_nano(written.output, str(folder), deep=False)
         require_pass(written.output, report.rows)
     return NanoRun(written, report)
+
+
+def convert_nano(request: AllRequest, progress: ProgressReporter | None = None) -> NanoRun:
+    """`all` on a Nano input (the family's convert, families/nano.py): the request as asked."""
+    if request.audio_tables is not None:
+        raise UsageError("--audio-tables-type does not apply to MOSS-TTS-Nano")
+    return run_nano(request.settings, parse_formats(request.formats), request.default_types,
+                    progress)  # fmt: skip
 
 
 def check_nano_settings(

@@ -11,9 +11,8 @@ before a pre-converted repo, as both are GGUFs). `choose_route` is the one table
     first-class GGUF  run_from_first_class    (the input not looked     the first-class folder
                                               at: it reads the model)   reading the model itself
 
-`run_request` is what the CLI calls: the request as given, the route chosen and run. A local
-MOSS-TTS-Nano checkpoint (a local folder whose config says so, a Hub id named MOSS-TTS-Nano,
-builtin:tiny-nano) is not a delay input: it goes to its own family first (pipeline/nano.py).
+`run_request` is the delay family's `all` (families/: the registry hands every input no other
+family claims here): the request as given, the route chosen and run.
 """
 
 from __future__ import annotations
@@ -39,7 +38,6 @@ from .first_class import (
     run_first_class,
 )
 from .from_first_class import FirstClassInput, find_first_class
-from .nano import NanoRun, is_nano_input, run_nano
 from .run import AllResult, AllSettings, run_all, run_from_first_class, run_preconverted
 
 
@@ -122,7 +120,6 @@ class AllOutcome:
     route: Route
     result: AllResult | None = None  # the backend folder's
     folder: FirstClassFolder | None = None  # the first-class folder's
-    nano: NanoRun | None = None  # a MOSS-TTS-Nano folder's
 
 
 def run_request(request: AllRequest, progress: ProgressReporter | None = None) -> AllOutcome:
@@ -151,11 +148,6 @@ def _run_route(request: AllRequest, progress: ProgressReporter | None) -> AllOut
     bar = ensure(progress)
     settings, tables = request.settings, request.audio_tables
     formats = parse_formats(request.formats)
-    if is_nano_input(settings.model):
-        if tables is not None:
-            raise UsageError("--audio-tables-type does not apply to MOSS-TTS-Nano")
-        nano = run_nano(settings, formats, request.default_types, bar)
-        return AllOutcome(Route(None, False), nano=nano)
     if tables is not None and FORMAT not in formats:
         raise UsageError(
             "--audio-tables-type applies to the first-class format only",

@@ -33,6 +33,8 @@ from ..nano.engine import NanoEngine, NanoProfile, NanoRequest
 from .api_errors import ApiError, QueueFull, ShuttingDown
 from .failures import Cancelled, api_error
 from .scheduler import Delta, SpeechJob, SpeechStream, settle
+from .schemas import SpeechRequest
+from .settings import DEFAULT_VOICE, OPENAI_VOICES
 
 log = logging.getLogger(__name__)
 VARIANT = "MOSS-TTS-Nano"
@@ -334,3 +336,22 @@ class NanoScheduler:
         profile = NanoServeProfile.of(speech.profile, len(speech.chunks), len(runaways),
                                       engine.sample_rate)  # fmt: skip
         return NanoServeResult(pieces, profile, speech.chunks, runaways)
+
+
+def nano_job(service: Any, body: SpeechRequest) -> SpeechJob:
+    """A MOSS-TTS-Nano request (routes.Service.own_job): the text, a stored voice or the
+    model's own, sampling; the delay models' fields refused by name."""
+    for name in ("instructions", "language", "voices", "lora"):
+        if getattr(body, name) is not None:
+            raise ApiError(400, f"{name} is not taken by MOSS-TTS-Nano; leave it out",
+                           param=name, code="unsupported_value")  # fmt: skip
+    custom = body.voice_name != DEFAULT_VOICE and body.voice_name not in OPENAI_VOICES
+    codes = service.voices.load(body.voice_name).codes if custom else None
+    if body.min_new_tokens is not None and body.max_new_tokens is not None and \
+            body.min_new_tokens > body.max_new_tokens:  # fmt: skip
+        raise ApiError(400, f"min_new_tokens {body.min_new_tokens} is above max_new_tokens "
+                       f"{body.max_new_tokens}", param="min_new_tokens",
+                       code="invalid_value")  # fmt: skip
+    return SpeechJob(text=body.input, reference_codes=codes, seed=body.seed,
+                     max_new_tokens=body.max_new_tokens, sampling=body.sampling(),
+                     min_new_tokens=body.min_new_tokens)  # fmt: skip

@@ -77,7 +77,10 @@ class Service:
     on_ready: Any = None  # called once the server accepts requests
     out: Any = None  # output.MonoOut / StereoOut: the audio as each format's bytes
     frame_s: float = FRAME_SAMPLES / 24_000  # seconds an audio frame holds
-    nano: bool = False  # MOSS-TTS-Nano: no language, instructions or dialogue fields
+    # a family's own request → job (the fields it takes; serve/nano_worker.nano_job); none:
+    # the delay family's, below
+    own_job: Any = None
+    takes_language: bool = True  # False: /v1/audio/languages is a 404, the page hides it
 
     def __post_init__(self) -> None:
         if self.out is None:
@@ -99,8 +102,8 @@ class Service:
             raise ApiError(413, f"instructions is {len(body.instructions)} characters, the "
                            f"limit is {MAX_INSTRUCTIONS_CHARS}; shorten it",
                            param="instructions", code="instructions_too_long")  # fmt: skip
-        if self.nano:
-            return self.nano_job(body)
+        if self.own_job is not None:
+            return self.own_job(self, body)
         if body.min_new_tokens is not None:
             raise ApiError(400, "min_new_tokens is MOSS-TTS-Nano's; this model ends its "
                            "speech on its own", param="min_new_tokens",
@@ -126,23 +129,6 @@ class Service:
             speakers=speakers,
             lora=request_lora(body.lora, self.scheduler.tts.adapters),
         )
-
-    def nano_job(self, body: SpeechRequest) -> SpeechJob:
-        """A MOSS-TTS-Nano request: the text, a stored voice or the model's own, sampling."""
-        for name in ("instructions", "language", "voices", "lora"):
-            if getattr(body, name) is not None:
-                raise ApiError(400, f"{name} is not taken by MOSS-TTS-Nano; leave it out",
-                               param=name, code="unsupported_value")  # fmt: skip
-        custom = body.voice_name != DEFAULT_VOICE and body.voice_name not in OPENAI_VOICES
-        codes = self.voices.load(body.voice_name).codes if custom else None
-        if body.min_new_tokens is not None and body.max_new_tokens is not None and \
-                body.min_new_tokens > body.max_new_tokens:  # fmt: skip
-            raise ApiError(400, f"min_new_tokens {body.min_new_tokens} is above max_new_tokens "
-                           f"{body.max_new_tokens}", param="min_new_tokens",
-                           code="invalid_value")  # fmt: skip
-        return SpeechJob(text=body.input, reference_codes=codes, seed=body.seed,
-                         max_new_tokens=body.max_new_tokens, sampling=body.sampling(),
-                         min_new_tokens=body.min_new_tokens)  # fmt: skip
 
     def dialogue_voices(self, body: SpeechRequest) -> list[Speaker] | None:
         """MOSS-TTSD: the stored voices, one per speaker in order, each with what its clip
@@ -323,7 +309,7 @@ def _voice_routes(app: FastAPI, service: Service) -> None:
         voice = await run_in_threadpool(service.voices.save, name, codes, text, replace)
         return voice.to_dict(frame_s)
 
-    if not service.nano:  # Nano takes no language: a 404 here tells the page to hide it
+    if service.takes_language:  # a 404 otherwise tells the page to hide the selector
         @app.get("/v1/audio/languages")
         async def list_languages() -> dict[str, Any]:
             # what `language` takes; a client fills its selector from it (auto: no tag)

@@ -15,17 +15,17 @@ import logging
 import signal
 import socket
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import uvicorn
 
 from ..errors import UsageError
-from ..nano.engine import NanoEngine, NanoFolderConfig, engines_for, is_nano_config
+from ..nano.engine import NanoEngine, NanoFolderConfig, engines_for
 from ..tts import SynthConfig, Synthesizer
 from ..tts.engine import EngineSettings
 from .metrics import Metrics
-from .nano_worker import VARIANT, NanoScheduler
+from .nano_worker import VARIANT, NanoScheduler, nano_job
 from .origins import HostPolicy
 from .output import StereoOut
 from .routes import Service, create_app
@@ -37,18 +37,39 @@ log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def run_server(settings: ServeSettings, announce: Callable[[str], None], quiet: bool = False):
-    """Serve until stopped. ANNOUNCE gets the line saying where and what (once ready)."""
-    settings.check()
-    nano = is_nano_config(settings.config)
-    if nano and settings.lora:
+@dataclass(frozen=True)
+class Served:
+    """A folder to serve, its config read: the weights the ready line names, and how to load
+    it (after the socket is bound: a taken port is said before minutes of loading)."""
+
+    weights: str
+    load: Callable[[], Service]
+
+
+def serve_delay(settings: ServeSettings) -> Served:
+    """A delay family's folder (Scheduler over the Synthesizer), --lora adapters applied."""
+    config = replace(SynthConfig.from_yaml(settings.config), lora=settings.lora)
+    return Served(Path(config.backbone_gguf).name, lambda: _load(settings, config))
+
+
+def serve_nano(settings: ServeSettings) -> Served:
+    """A MOSS-TTS-Nano folder (serve/nano_worker.py)."""
+    if settings.lora:
         raise UsageError("--lora adapters are for the delay models' backbone; a MOSS-TTS-Nano "
                          "folder takes none", hint="leave --lora out")  # fmt: skip
-    config = (NanoFolderConfig.from_yaml(settings.config) if nano else
-              replace(SynthConfig.from_yaml(settings.config), lora=settings.lora))  # fmt: skip
+    config = NanoFolderConfig.from_yaml(settings.config)
+    return Served(Path(config.global_gguf).name, lambda: _load_nano(settings, config))
+
+
+def run_server(settings: ServeSettings, serve: Callable[[ServeSettings], Served],
+               announce: Callable[[str], None], quiet: bool = False):  # fmt: skip
+    """Serve the folder SERVE reads (its family's: families/) until stopped. ANNOUNCE gets the
+    line saying where and what (once ready)."""
+    settings.check()
+    served = serve(settings)
     sock = bind(settings.host, settings.port)
     try:
-        service = _load_nano(settings, config) if nano else _load(settings, config)
+        service = served.load()
     except BaseException:
         sock.close()
         raise
@@ -56,7 +77,7 @@ def run_server(settings: ServeSettings, announce: Callable[[str], None], quiet: 
     where = f"[{host}]" if ":" in host else host
     n_voices = len(service.voices.list())
     info = service.scheduler.tts.info
-    weights = Path(config.global_gguf if nano else config.backbone_gguf).name
+    weights = served.weights
     service.on_ready = lambda: announce(
         f"serving {info.variant} ({weights}, n_vq {info.n_vq}) as "
         f"model {service.model_id!r} at http://{where}:{port}/v1; voices in "
@@ -145,7 +166,8 @@ def _load_nano(settings: ServeSettings, config: NanoFolderConfig) -> Service:
         raise
     return Service(settings, scheduler, voices, metrics, VARIANT.lower(), engine.sample_rate,
                    created, out=StereoOut(engine.sample_rate, engine.channels),
-                   frame_s=engine.frame_samples / engine.sample_rate, nano=True)  # fmt: skip
+                   frame_s=engine.frame_samples / engine.sample_rate, own_job=nano_job,
+                   takes_language=False)  # fmt: skip
 
 
 class _Server(uvicorn.Server):

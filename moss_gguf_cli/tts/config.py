@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..disk.layout_names import FAMILY_KEY
 from ..errors import InputError, UnsupportedModelError, UsageError
+from ..gguf.first_class import FORMAT as DELAY_FAMILY  # the delay family's name
 from ..source.checkpoint import variant_name
 from ..source.token_ids import TOKEN_DEFAULTS
 from .defaults import SYNTH_DEFAULTS as D
@@ -36,9 +38,6 @@ PATH_KEYS = (
     "model_config",
 )
 REQUIRED_KEYS = ("backbone_gguf", "embedding_dir", "lm_head_dir", "tokenizer_dir")
-# a synth config that says which family it is (nano/layout.py writes it); none: the delay family
-FAMILY_KEY = "family"
-NANO_FAMILY = "moss-tts-nano"
 INT_KEYS = (
     "n_ctx",
     "n_batch",
@@ -141,10 +140,10 @@ class SynthConfig:
     def from_dict(
         cls, data: dict[str, Any], base: Path | None = None, source: Path | None = None
     ) -> SynthConfig:
-        if data.get(FAMILY_KEY) == NANO_FAMILY:
+        if data.get(FAMILY_KEY) not in (None, DELAY_FAMILY):  # another family's folder
             raise UnsupportedModelError(
-                "this is a MOSS-TTS-Nano folder's config, which this delay-model code does "
-                "not read",
+                f"this is a {str(data[FAMILY_KEY])[:40]} folder's config, which the delay "
+                "models' code does not read",
                 path=source,
                 hint="moss-gguf synth and moss-gguf serve speak it (--config)",
             )

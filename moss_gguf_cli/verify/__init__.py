@@ -45,7 +45,6 @@ from .deep import (
 from .first_class import is_first_class, verify_first_class
 from .metadata import gguf_checks, parse_ggufs
 from .model_facts import Facts, facts_from_config
-from .nano import nano_manifest, verify_nano
 from .quality import (
     DEEP_THRESHOLDS,
     TENSOR_MAX_REL_RMSE,
@@ -110,8 +109,6 @@ def verify(
         raise UsageError("no TARGET given", hint="moss-gguf verify WEIGHTS_FOLDER")
     if is_first_class(Path(target)):  # OpenMOSS's fork's format: its own rows
         return verify_first_class(Path(target), source, deep)
-    if nano_manifest(Path(target).expanduser()) is not None:  # a MOSS-TTS-Nano folder
-        return verify_nano(Path(target), source, deep)
     if codec_part(Path(target)) is not None:  # the fork's codec GGUFs (docs/audio-codec.md)
         return verify_codec_file(Path(target), deep)
     if deep:

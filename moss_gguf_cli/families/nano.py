@@ -1,0 +1,41 @@
+"""MOSS-TTS-Nano's entry in the registry (its room: nano/; docs/nano.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..nano.config import FAMILY_NAME
+from ..nano.engine import NanoFolderConfig
+from ..pipeline.nano import convert_nano, is_nano_input
+from ..verify.nano import nano_manifest, verify_nano
+from .family import Family
+
+
+def _claims_folder(path: Path) -> bool:
+    return nano_manifest(Path(path).expanduser()) is not None
+
+
+def _verify(target: Path, source: str | None, deep: bool, progress: Any = None,
+            record: Any = None) -> Any:  # fmt: skip
+    return verify_nano(Path(target), source, deep)  # its rows read the folder whole: no record
+
+
+def _serve(settings: Any) -> Any:
+    # lazy: the serve extra (fastapi, uvicorn) is imported by `serve` alone
+    from ..serve.server import serve_nano
+
+    return serve_nano(settings)
+
+
+NANO = Family(
+    name=FAMILY_NAME,
+    title="MOSS-TTS-Nano",
+    claims_input=is_nano_input,
+    claims_folder=_claims_folder,
+    convert=convert_nano,
+    verify=_verify,
+    read_config=NanoFolderConfig.from_yaml,
+    serve=_serve,
+    publishes=False,  # `push` publishes the delay family's folders only, for now
+)
