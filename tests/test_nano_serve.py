@@ -24,6 +24,7 @@ from conftest import RUN_CPUS, nano_yaml
 from test_serve import KEY, TIMEOUT, add_voice, av_decode, start_serve
 from test_serve_stream import metric, wait_abandoned_and_idle
 
+from moss_gguf_cli.hold_points import ENV as HOLD_ENV
 from moss_gguf_cli.native.cpu_features import physical_cores
 from moss_gguf_cli.tts.codec import resample
 
@@ -220,5 +221,27 @@ def test_a_release_written_checkpoint_is_served_the_same_way(release_nano_folder
         data, rate = sf.read(io.BytesIO(speak(client, "wav")), dtype="int16")
         assert rate == 48_000 and data.shape == (96_000, 2)
         assert len(speak(client, "pcm")) == 96_000
+    finally:
+        srv.stop()
+
+
+def test_a_stalled_nano_request_is_answered_by_the_watchdog(tiny_nano_folder, tmp_path):
+    """The one watchdog (serve/scheduler.Watchdog) watches Nano's worker too: held inside a
+    frame (the `serve` hold point), the request gets 500 engine_stalled after --stall-timeout
+    and /health says stalled, as for the delay models (test_serve_hostile)."""
+    marker = tmp_path / "marker"
+    srv = start_serve(tiny_nano_folder / "moss-tts-nano.yaml", tmp_path / "s.log",
+                      "--api-key", KEY, "--voices", str(tmp_path / "voices"),
+                      "--stall-timeout", "2", env={HOLD_ENV: f"serve={marker}"})  # fmt: skip
+    try:
+        started = time.monotonic()
+        reply = httpx.post(f"{srv.url}/v1/audio/speech", timeout=TIMEOUT,
+                           headers={"Authorization": f"Bearer {KEY}"},
+                           json={"model": MODEL, "input": TEXT, **GREEDY})  # fmt: skip
+        assert marker.exists()
+        assert reply.status_code == 500 and reply.json()["error"]["code"] == "engine_stalled"
+        assert time.monotonic() - started < 30
+        health = httpx.get(f"{srv.url}/health")
+        assert health.status_code == 503 and health.json()["status"] == "stalled"
     finally:
         srv.stop()

@@ -29,10 +29,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import UsageError
+from ..hold_points import hold
 from ..nano.engine import NanoEngine, NanoProfile, NanoRequest
 from .api_errors import ApiError, QueueFull, ShuttingDown
 from .failures import Cancelled, api_error
-from .scheduler import Delta, SpeechJob, SpeechStream, settle
+from .scheduler import Delta, SpeechJob, SpeechStream, Watchdog, settle
 from .schemas import SpeechRequest
 from .settings import DEFAULT_VOICE, OPENAI_VOICES
 
@@ -142,6 +143,7 @@ class NanoScheduler:
         self._closing = False
         self._threads = [threading.Thread(target=self._work, daemon=True,
                                           name="moss-gguf-nano")]  # fmt: skip
+        self._watchdog = Watchdog(self)  # the delay family's, the same
 
     # -- gauges
 
@@ -173,6 +175,12 @@ class NanoScheduler:
     def start(self) -> None:
         for thread in self._threads:
             thread.start()
+        self._watchdog.start()
+
+    def tasks(self) -> tuple[list[_Task], list[_Task]]:
+        """(running, waiting), as they are now (the watchdog's view)."""
+        with self._cond:
+            return list(self._running), list(self._waiting)
 
     # -- what routes call
 
@@ -316,6 +324,7 @@ class NanoScheduler:
 
         def on_frame() -> None:
             self._beat = time.monotonic()
+            hold("serve")  # a test's fixed point: a request is generating
             if task.cancel.is_set():
                 raise Cancelled()
 

@@ -100,6 +100,39 @@ class _Watch(NullProgress):
             raise Cancelled()
 
 
+class Watchdog:
+    """One for every family's scheduler: requests that cannot be served because the worker
+    stopped moving are answered (500 for those running, 503 for those waiting) rather than
+    left hanging. WATCHED says `stalled`, `idle_s`, `stall_s`, `closing` and `tasks()`."""
+
+    def __init__(self, watched: Any):
+        self._watched = watched
+        self._thread = threading.Thread(target=self._watch, name="moss-gguf-watchdog",
+                                        daemon=True)  # fmt: skip
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _watch(self) -> None:
+        w, reported = self._watched, False
+        while not w.closing:
+            time.sleep(min(1.0, w.stall_s / 4))
+            if not w.stalled:
+                reported = False
+                continue
+            running, waiting = w.tasks()
+            if not reported:
+                log.error("no generation step finished for %.0f s with %d request(s) running; "
+                          "answering them (/health reports 503)", w.idle_s, len(running))
+                reported = True
+            for task in running:
+                task.cancel.set()
+                settle(task.future, error=Stalled(w.stall_s, running=True))
+            for task in waiting:
+                task.cancel.set()
+                settle(task.future, error=Stalled(w.stall_s, running=False))
+
+
 class Scheduler:
     def __init__(
         self,
@@ -125,8 +158,7 @@ class Scheduler:
         self._closing = False
         self._lora = AdapterGate(tts)  # one adapter set at a time (serve/adapters.py)
         self._thread = threading.Thread(target=self._work, name="moss-gguf-synth", daemon=True)
-        self._watchdog = threading.Thread(target=self._watch, name="moss-gguf-watchdog",
-                                          daemon=True)  # fmt: skip
+        self._watchdog = Watchdog(self)
 
     # -- what routes call
 
@@ -299,27 +331,10 @@ class Scheduler:
             self._done(task)
         self._speeches.clear()
 
-    def _watch(self) -> None:
-        """The watchdog: jobs that cannot be served because the worker stopped moving are
-        answered (500 for those running, 503 for those waiting) rather than left hanging."""
-        reported = False
-        while not self._closing:
-            time.sleep(min(1.0, self.stall_s / 4))
-            if not self.stalled:
-                reported = False
-                continue
-            with self._cond:
-                running, waiting = list(self._running), list(self._waiting)
-            if not reported:
-                log.error("no generation step finished for %.0f s with %d request(s) running; "
-                          "answering them (/health reports 503)", self.idle_s, len(running))
-                reported = True
-            for task in running:
-                task.cancel.set()
-                settle(task.future, error=Stalled(self.stall_s, running=True))
-            for task in waiting:
-                task.cancel.set()
-                settle(task.future, error=Stalled(self.stall_s, running=False))
+    def tasks(self) -> tuple[list[_Task], list[_Task]]:
+        """(running, waiting), as they are now (the watchdog's view)."""
+        with self._cond:
+            return list(self._running), list(self._waiting)
 
     def _join(self, engine: Engine, new: list[Speech], jobs: dict) -> None:
         """Utterances into free sequences: each new job's first chunk, then the chunks that
