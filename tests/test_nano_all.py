@@ -24,12 +24,12 @@ from tiny_nano import nano_config, release_state, write_release
 
 from moss_gguf_cli.gguf.read import read_gguf
 from moss_gguf_cli.nano.checkpoint import open_nano
+from moss_gguf_cli.nano.codec_folder import DEFAULT_REPO as CODEC_REPO
 from moss_gguf_cli.nano.global_gguf import neox_order, write_global_f32
 from moss_gguf_cli.nano.layout import array_files, array_of
 from moss_gguf_cli.nano.tiny import ensure_tiny_nano, ensure_tiny_nano_codec_folder
 from moss_gguf_cli.pipeline.nano import HUB_PATTERNS
 from moss_gguf_cli.quantize.llama import quantize
-from moss_gguf_cli.source.nano_codec import DEFAULT_REPO as CODEC_REPO
 from moss_gguf_cli.tts.backbone import Backbone, BackboneSettings
 from moss_gguf_cli.verify.quality import DEEP_THRESHOLDS
 

@@ -15,13 +15,13 @@ import torch
 from sentencepiece import sentencepiece_model_pb2
 
 from moss_gguf_cli.nano.checkpoint import open_nano, tied_names
+from moss_gguf_cli.nano.codec_folder import open_nano_codec
 from moss_gguf_cli.nano.tiny import (
     CONFIG,
     ensure_tiny_nano,
     ensure_tiny_nano_codec_folder,
     tiny_nano_state,
 )
-from moss_gguf_cli.source.nano_codec import open_nano_codec
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,5 +1,5 @@
-"""The Nano codec's ONNX release layout (source/nano_codec.py) and the tiny one built in its
-shape (source/tiny_nano_codec.py), run through onnxruntime: what MOSS-TTS-Nano speaks through.
+"""The Nano codec's ONNX release layout (nano/codec_folder.py) and the tiny one built in its
+shape (nano/tiny_codec.py), run through onnxruntime: what MOSS-TTS-Nano speaks through.
 A streamed decode that passes its state on equals the whole decode to the bit; one that does
 not is different, so the state is real."""
 
@@ -15,8 +15,8 @@ import onnxruntime as ort
 import pytest
 
 from moss_gguf_cli.errors import InputError
-from moss_gguf_cli.source.nano_codec import META, initial_state, next_state, open_nano_codec
-from moss_gguf_cli.source.tiny_nano_codec import FRAME, ensure_tiny_nano_codec
+from moss_gguf_cli.nano.codec_folder import META, initial_state, next_state, open_nano_codec
+from moss_gguf_cli.nano.tiny_codec import FRAME, ensure_tiny_nano_codec
 
 SECONDS = 2.0
 

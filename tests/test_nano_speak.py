@@ -23,6 +23,7 @@ from conftest import nano_yaml
 from moss_gguf_cli.errors import NumericError
 from moss_gguf_cli.nano.checkpoint import open_nano
 from moss_gguf_cli.nano.codec import DecodePlan
+from moss_gguf_cli.nano.codec_folder import initial_state, next_state, open_nano_codec
 from moss_gguf_cli.nano.config import TransformerDims
 from moss_gguf_cli.nano.engine import NanoEngine, NanoFolderConfig
 from moss_gguf_cli.nano.ggml_local import GgmlLocal
@@ -32,7 +33,6 @@ from moss_gguf_cli.nano.local import NumpyLocal, load_arrays
 from moss_gguf_cli.nano.prompt import pause_after, prompt_ids, split_text
 from moss_gguf_cli.nano.settings import NanoSettings
 from moss_gguf_cli.nano.tiny import ensure_tiny_nano
-from moss_gguf_cli.source.nano_codec import initial_state, next_state, open_nano_codec
 from moss_gguf_cli.tts.sampling import Sampler, SamplingParams, pick_one
 
 FIXED = ("--min-new-tokens", "25", "--max-new-tokens", "25")

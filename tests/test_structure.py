@@ -207,8 +207,7 @@ def test_imports_between_rooms_are_at_the_top_unless_they_say_why():
 # A family's code outside its room until #61's step 2 moves it home, and the delay family's
 # reader (source/checkpoint.py), which refuses the others' checkpoints by name
 FAMILY_CODE = ("nano/", "families/", "pipeline/nano.py", "verify/nano.py", "verify/nano_deep.py",
-               "serve/nano_worker.py", "source/nano_codec.py", "source/tiny_nano_codec.py",
-               "source/checkpoint.py")  # fmt: skip
+               "serve/nano_worker.py", "source/checkpoint.py")  # fmt: skip
 NAMES_A_FAMILY = re.compile(r"^\s*(if|elif)\b.*nano", re.IGNORECASE)
 
 

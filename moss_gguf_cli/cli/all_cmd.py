@@ -13,6 +13,7 @@ from ..disk.staging import human_bytes
 from ..errors import UsageError
 from ..families import for_input
 from ..gguf.first_class import FORMAT
+from ..nano.codec_folder import DEFAULT_REPO as NANO_CODEC_REPO
 from ..pipeline.audio_codec import DEFAULT_REPO as CODEC_REPO
 from ..pipeline.first_class import FirstClassFolder, parse_formats
 from ..pipeline.nano import NanoRun
@@ -22,7 +23,6 @@ from ..pipeline.route import AllOutcome, AllRequest
 from ..pipeline.run import AllResult, AllSettings
 from ..quantize.engines import Engine
 from ..source.audio_tokenizer import DEFAULT_REPO, parse_flag
-from ..source.nano_codec import DEFAULT_REPO as NANO_CODEC_REPO
 from ._command import command
 from ._options import CacheDir, Force, LlamaCppDir, Quiet, Revision, Verbose
 from ._output import OutputMode, command_line, info, progress_for, setup_logging, stdout

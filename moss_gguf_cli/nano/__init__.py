@@ -6,7 +6,11 @@ source/torch_pickle) checked tensor by tensor. global_gguf.py: the global transf
 starcoder2 GGUF (q/k rows permuted per head so llama.cpp's NEOX rope is Nano's interleaved
 rope). layout.py: the Nano folder's names, arrays and synth config; folder.py: the folder
 written (the F32 GGUF quantized by llama.cpp); tiny.py: builtin:tiny-nano, made without torch.
-Its engine joins as issues #52 and #48 land it; its verify rows are verify/nano.py.
+codec_folder.py: the MOSS-Audio-Tokenizer-Nano ONNX release (its meta, the three graphs'
+names checked, decode_step's state; its Hub id and download patterns); tiny_codec.py: a tiny
+codec in that layout whose stream state is real. engine.py and its parts speak; its verify rows
+are verify/nano.py, its convert pipeline/nano.py and its serving serve/nano_worker.py until
+they move home (docs/ARCHITECTURE.md, the family interface's step 2).
 
 May import: tts/, quantize/, source/, gguf/, disk/, native/ and the top level (errors,
 progress, report, hold_points) (rank 5); never verify/, doctor/, pipeline/, serve/ or cli/,

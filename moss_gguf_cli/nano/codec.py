@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
-from ..source.nano_codec import NanoCodec, initial_state, next_state
 from ..tts.codec import resample
+from .codec_folder import NanoCodec, initial_state, next_state
 
 # decode_step is called on 1 frame, then 2, 4, then 8 at a time: the first sound comes after
 # one frame, and later calls amortise the call's overhead over more audio

@@ -30,9 +30,9 @@ from ..disk.layout_names import FAMILY_KEY
 from ..errors import InputError, ToolError, UsageError
 from ..native.cpu_features import physical_cores
 from ..native.libggml import GgmlUnavailable
-from ..source.nano_codec import open_nano_codec
 from ..tts.sampling import Sampler, SamplingParams
 from .codec import DecodePlan, NanoCodecRuntime
+from .codec_folder import open_nano_codec
 from .config import FAMILY_NAME, NanoConfig
 from .ggml_global import GgmlGlobal
 from .ggml_local import GgmlLocal, aligned

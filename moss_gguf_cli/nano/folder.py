@@ -27,8 +27,8 @@ from ..errors import InputError
 from ..gguf.file_types import parse_file_type
 from ..progress import ProgressReporter, ensure
 from ..quantize.llama import QuantizeSettings, quantize
-from ..source.nano_codec import NanoCodec
 from .checkpoint import NanoCheckpoint
+from .codec_folder import NanoCodec
 from .global_gguf import write_global_f32
 from .layout import (
     CODEC_DIR,

@@ -10,7 +10,7 @@ and the arrays it holds.
                                 and row order (the local rope is applied by the engine, unpermuted)
       tokenizer.model           the release's, copied
       config.json               the release's, copied (verify reads the model's facts there)
-      audio_tokenizer/          the codec's ONNX release (source/nano_codec.py), copied
+      audio_tokenizer/          the codec's ONNX release (nano/codec_folder.py), copied
       moss-tts-nano.yaml        what the folder is and how it speaks (`synth --config`); one
                                 per GGUF
       manifest.json             size and sha256 of every file, made_from, the model's facts

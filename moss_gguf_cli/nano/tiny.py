@@ -23,9 +23,9 @@ import numpy as np
 from ..bf16 import bfloat16
 from ..errors import InputError
 from ..source.tiny import build_cached, cache_root
-from ..source.tiny_nano_codec import ensure_tiny_nano_codec
 from .checkpoint import TOKENIZER_NAME, TORCH_NAME, expected_shapes, tied_names
 from .config import NanoConfig
+from .tiny_codec import ensure_tiny_nano_codec
 
 NAME = "tiny-nano"
 BUILDER_VERSION = 1  # bump when the generated files change

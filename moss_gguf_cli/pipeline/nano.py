@@ -17,6 +17,9 @@ from ..errors import InputError, UsageError
 from ..gguf.first_class import FORMAT as DELAY_FORMAT
 from ..hold_points import hold
 from ..nano.checkpoint import TOKENIZER_NAME, TORCH_NAME, is_nano_folder, open_nano
+from ..nano.codec_folder import DEFAULT_REPO as CODEC_REPO
+from ..nano.codec_folder import HUB_PATTERNS as CODEC_PATTERNS
+from ..nano.codec_folder import NanoCodec, open_nano_codec
 from ..nano.folder import NanoFolder, NanoRequest, check_complete, write_nano_folder
 from ..nano.layout import DEFAULT_FILE_TYPE, FORMAT
 from ..nano.tiny import NAME as TINY_NANO
@@ -28,9 +31,6 @@ from ..source.audio_tokenizer import FLAG as CODEC_FLAG
 from ..source.audio_tokenizer import NONE
 from ..source.checkpoint import BUILTIN_PREFIX, INDEX_NAME, SINGLE_NAME
 from ..source.hub import check_files, download, is_repo_id, list_files
-from ..source.nano_codec import DEFAULT_REPO as CODEC_REPO
-from ..source.nano_codec import HUB_PATTERNS as CODEC_PATTERNS
-from ..source.nano_codec import NanoCodec, open_nano_codec
 from ..verify import VerifyReport
 from ..verify.nano import verify_nano
 from .first_class import parse_formats

@@ -3,7 +3,7 @@
 Rows: the manifest's files (there, of the listed size and sha256); the folder's parts (each
 GGUF the manifest lists, the 17 tables and the local transformer as float32 .npy of the
 config's shapes, tokenizer.model, each synth config's paths); the codec (the ONNX release's
-meta and graphs, source/nano_codec.py); each GGUF's header against the config (starcoder2, its
+meta and graphs, nano/codec_folder.py); each GGUF's header against the config (starcoder2, its
 keys, every tensor with its shape, the data all there); and the values against the source:
 every array bit for bit, each GGUF tensor as nano/global_gguf.py would write it from the
 source (the q/k permutation included: F32 exactly, a quantized type within its limit). The
@@ -25,13 +25,13 @@ from ..disk.confine import boundary, confined, table_header
 from ..errors import InputError, UsageError
 from ..gguf.read import GgufFile, GgufFormatError, read_gguf
 from ..nano.checkpoint import NanoCheckpoint, expected_shapes, open_nano, tokenizer_problem
+from ..nano.codec_folder import open_nano_codec
 from ..nano.config import NanoConfig
 from ..nano.global_gguf import ARCH, global_array, plan_global_tensors
 from ..nano.layout import FORMAT, array_files, array_of
 from ..nano.tiny import ensure_tiny_nano
 from ..report import Rows
 from ..source.checkpoint import BUILTIN_PREFIX
-from ..source.nano_codec import open_nano_codec
 from .manifest import format_manifest, manifest_problems
 from .nano_deep import deep_rows
 from .quality import tensor_threshold
