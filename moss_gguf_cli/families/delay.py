@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..disk.layout_names import CONFIG_NAME
 from ..gguf.first_class import FORMAT
 from ..pipeline.route import run_request
 from ..verify import verify
@@ -32,6 +33,8 @@ def _verify(target: Path, source: str | None, deep: bool, progress: Any = None,
 DELAY = Family(
     name=FORMAT,
     title="MOSS-TTS",
+    builtin="builtin:tiny",
+    synth_config=CONFIG_NAME,
     claims_input=_anything,
     claims_folder=_anything,
     convert=run_request,

@@ -17,6 +17,8 @@ class Family:
 
     name: str  # its folders' manifest format and synth config's `family`
     title: str  # the name users read
+    builtin: str  # the tiny checkpoint it makes offline (`builtin:…`): tests and first runs
+    synth_config: str  # the synth config `all` writes into its folder
     claims_input: Callable[[str], bool]  # --model: a folder's config, a Hub id, a builtin
     claims_folder: Callable[[Path], bool]  # a folder it wrote (its manifest)
     # `all`: (AllRequest, progress) → the result the CLI renders (by its type)

@@ -7,7 +7,8 @@ from typing import Any
 
 from ..nano.config import FAMILY_NAME
 from ..nano.engine import NanoFolderConfig
-from ..pipeline.nano import convert_nano, is_nano_input
+from ..nano.layout import CONFIG_NAME
+from ..pipeline.nano import BUILTIN, convert_nano, is_nano_input
 from ..verify.nano import nano_manifest, verify_nano
 from .family import Family
 
@@ -31,6 +32,8 @@ def _serve(settings: Any) -> Any:
 NANO = Family(
     name=FAMILY_NAME,
     title="MOSS-TTS-Nano",
+    builtin=BUILTIN,
+    synth_config=CONFIG_NAME,
     claims_input=is_nano_input,
     claims_folder=_claims_folder,
     convert=convert_nano,

@@ -1,0 +1,76 @@
+"""Every family in the registry does what a family does (docs/ARCHITECTURE.md §6, the family
+interface, step 5 begun): claims its builtin, `all` makes a folder of it that the registry
+claims back, `verify` passes it and fails it once a file is tampered with, and `synth` speaks
+from the config `all` wrote. A new family is one row in SPEAK and nothing else here; `serve`
+joins once the serve core is one (step 3)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from builds import Builds
+from in_process import moss_gguf
+
+from moss_gguf_cli.families import FAMILIES, Family, for_config, for_folder, for_input
+
+# what makes each family's random builtin speak a short fixed length (Nano's stops at once
+# unless its stop is masked; the delay models take no --min-new-tokens)
+SPEAK = {
+    "moss-tts-delay": ("--max-new-tokens", "48", "--seed", "1"),  # past the 32-code delay
+    "moss-tts-nano": ("--min-new-tokens", "6", "--max-new-tokens", "6", "--seed", "1"),
+}
+
+
+def test_every_registered_family_has_a_row():
+    assert sorted(SPEAK) == sorted(f.name for f in FAMILIES)
+
+
+@pytest.fixture(scope="module", params=FAMILIES, ids=lambda f: f.name)
+def made(request, builds) -> tuple[Family, Path]:
+    family: Family = request.param
+    return family, builds.all("--model", family.builtin).path  # the run's shared build
+
+
+def test_its_builtin_and_its_folder_are_its_own(made):
+    family, folder = made
+    assert for_input(family.builtin) is family
+    assert for_folder(folder) is family
+    assert for_config(folder / family.synth_config) is family
+
+
+def _verify(folder: Path) -> dict:
+    ran = moss_gguf("verify", str(folder), "--json")
+    report = json.loads(ran.stdout)
+    assert ran.returncode == (0 if report["ok"] else 1), ran.stderr
+    return report
+
+
+def test_verify_passes_it_and_fails_a_tampered_copy(made, tmp_path):
+    family, folder = made
+    assert _verify(folder)["ok"]
+    copy = Builds.copy(folder, tmp_path / "copy")
+    table = sorted(copy.rglob("*.npy"))[0]
+    values = np.load(table)
+    table.unlink()  # a hard link to the shared build: replaced, not written into
+    np.save(table, values + 1)
+    report = _verify(copy)
+    failed = [r["name"] for r in report["rows"] if r["status"] == "fail"]
+    assert not report["ok"] and failed, report
+
+
+def test_synth_speaks_from_the_config_all_wrote(made, tmp_path):
+    family, folder = made
+    out = tmp_path / "a.wav"
+    done = subprocess.run([sys.executable, "-m", "moss_gguf_cli", "synth", "--config",
+                           str(folder / family.synth_config), "--text", "Hello there.",
+                           *SPEAK[family.name], "-o", str(out), "-q"],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    info = sf.info(str(out))
+    assert info.frames > 0 and info.samplerate in (24_000, 48_000), info
