@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -62,12 +63,15 @@ def verify_nano(target: Path, source: str | None, deep: bool) -> VerifyReport:
     rows.group = "gguf"
     for path in ggufs:
         _gguf_rows(path, nano, manifest["quant_types"][path.name], rows)
-    rows.check("finite weights", _nonfinite(folder, nano, ggufs),
-               "every array and GGUF tensor holds finite values")  # fmt: skip
     rows.group = "source"
     checkpoint = _source(folder, manifest, source, rows)
+    scans = {path: _scan(path, checkpoint) for path in ggufs}  # each GGUF dequantized once
+    rows.group = "gguf"
+    rows.check("finite weights", _nonfinite(folder, nano, scans),
+               "every array and GGUF tensor holds finite values")  # fmt: skip
+    rows.group = "source"
     if checkpoint is not None:
-        _value_rows(folder, checkpoint, ggufs, rows)
+        _value_rows(folder, checkpoint, scans, rows)
     if deep:
         _deep(checkpoint, {g: manifest["quant_types"][g.name] for g in ggufs}, folder, rows)
     return VerifyReport(
@@ -137,27 +141,12 @@ def _array_problems(folder: Path, nano: NanoConfig) -> list[str]:
     return problems
 
 
-def _nonfinite(folder: Path, nano: NanoConfig, ggufs: list[Path]) -> list[str]:
+def _nonfinite(folder: Path, nano: NanoConfig, scans: dict[Path, _Scan]) -> list[str]:
     """The arrays and GGUF tensors holding NaN or infinity: a folder of them passes every
     shape check and then speaks noise, or nothing."""
     bad = [rel for rel in array_files(nano) if (folder / rel).is_file() and not
            np.isfinite(np.load(folder / rel, mmap_mode="r", allow_pickle=False)).all()]  # fmt: skip
-    for path in ggufs:
-        try:
-            g = read_gguf(path)
-        except (GgufFormatError, OSError):
-            continue  # the header row names it
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            for name, info in g.tensors.items():
-                if not g.in_file(info):
-                    continue  # the header row names it
-                raw = np.frombuffer(os.pread(fd, info.nbytes, g.abs_offset(info)), np.uint8)
-                values = dequantize_rows(raw.reshape(info.n_rows, info.row_bytes), info.type_name)
-                if not np.isfinite(values).all():
-                    bad.append(f"{path.name}: {name}")
-        finally:
-            os.close(fd)
+    bad += [f"{path.name}: {name}" for path, scan in scans.items() for name in scan.nonfinite]
     return [f"{b} holds NaN or infinite values" for b in bad[:3]] + (
         [f"and {len(bad) - 3} more"] if len(bad) > 3 else [])
 
@@ -256,7 +245,8 @@ def _made_from_source(manifest: dict) -> str | None:
     return None
 
 
-def _value_rows(folder: Path, checkpoint: NanoCheckpoint, ggufs: list[Path], rows: Rows) -> None:
+def _value_rows(folder: Path, checkpoint: NanoCheckpoint, scans: dict[Path, _Scan],
+                rows: Rows) -> None:  # fmt: skip
     files = array_files(checkpoint.nano)
     differ = [rel for rel, name in files.items() if (folder / rel).is_file()
               and not np.array_equal(np.load(folder / rel, allow_pickle=False),
@@ -268,37 +258,59 @@ def _value_rows(folder: Path, checkpoint: NanoCheckpoint, ggufs: list[Path], row
               and (there is None or not _same_bytes(folder / name, there))]  # fmt: skip
     rows.check("copies vs source", [f"{n} is not the source's" for n in copied],
                "config.json and tokenizer.model are the source's, byte for byte")
-    for path in ggufs:
-        try:
-            problems, worst = _gguf_value_problems(read_gguf(path), checkpoint)
-        except (GgufFormatError, OSError, KeyError, ValueError) as exc:
-            problems, worst = [f"unreadable ({exc})"], 0.0
-        rows.check(f"{path.name}: values vs source", problems,
+    for path, scan in scans.items():
+        rows.check(f"{path.name}: values vs source", scan.problems,
                    f"every tensor as written from the source (q/k permuted per head); worst "
-                   f"relative RMSE {worst:.2e}")  # fmt: skip
+                   f"relative RMSE {scan.worst:.2e}")  # fmt: skip
 
 
 def _same_bytes(a: Path, b: Path) -> bool:
     return a.stat().st_size == b.stat().st_size and a.read_bytes() == b.read_bytes()
 
 
-def _gguf_value_problems(g: GgufFile, checkpoint: NanoCheckpoint) -> tuple[list[str], float]:
-    problems, worst = [], 0.0
+@dataclass
+class _Scan:
+    """One read of a GGUF's tensors: those not finite and, against a source, what differs."""
+
+    nonfinite: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    worst: float = 0.0  # the largest relative RMSE from the source
+
+
+def _scan(path: Path, checkpoint: NanoCheckpoint | None) -> _Scan:
+    """PATH's tensors dequantized once each: checked finite, and with CHECKPOINT each compared
+    with the tensor nano/global_gguf.py would write from it (F32 exactly, a quantized type
+    within its limit)."""
+    scan = _Scan()
+    try:
+        g = read_gguf(path)
+    except (GgufFormatError, OSError):
+        return scan  # the header row names it
+    plan = {} if checkpoint is None else {
+        t.name: t for t in plan_global_tensors(checkpoint.nano.dims.layers)}  # fmt: skip
     fd = os.open(g.path, os.O_RDONLY)
     try:
-        for tensor in plan_global_tensors(checkpoint.nano.dims.layers):
-            info = g.tensors[tensor.name]
-            raw = os.pread(fd, info.nbytes, g.abs_offset(info))
-            rows = np.frombuffer(raw, np.uint8).reshape(info.n_rows, info.row_bytes)
-            got = dequantize_rows(rows, info.type_name).reshape(-1)
-            want = global_array(checkpoint, tensor).reshape(-1)
-            err = float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
-            worst = max(worst, err)
-            limit, _ = tensor_threshold(info.type_name)
-            if err > limit:
-                problems.append(f"{tensor.name} ({info.type_name}) is {err:.2e} from the "
-                                f"source, over {limit:.0e}")  # fmt: skip
+        for name, info in g.tensors.items():
+            if not g.in_file(info):
+                continue  # the header row names it
+            raw = np.frombuffer(os.pread(fd, info.nbytes, g.abs_offset(info)), np.uint8)
+            got = dequantize_rows(raw.reshape(info.n_rows, info.row_bytes), info.type_name)
+            if not np.isfinite(got).all():
+                scan.nonfinite.append(name)
+            if name in plan:
+                _compare(scan, name, info.type_name, got.reshape(-1),
+                         global_array(checkpoint, plan[name]).reshape(-1))  # fmt: skip
+    except (KeyError, ValueError) as exc:
+        scan.problems.append(f"unreadable ({exc})")
     finally:
         os.close(fd)
-    return problems, worst
+    return scan
 
+
+def _compare(scan: _Scan, name: str, type_name: str, got: np.ndarray, want: np.ndarray) -> None:
+    err = float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+    scan.worst = max(scan.worst, err)
+    limit, _ = tensor_threshold(type_name)
+    if err > limit:
+        scan.problems.append(f"{name} ({type_name}) is {err:.2e} from the source, over "
+                             f"{limit:.0e}")  # fmt: skip
