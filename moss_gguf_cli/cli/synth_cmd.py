@@ -8,7 +8,7 @@ import sys
 from dataclasses import replace
 from functools import singledispatch
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -289,27 +289,25 @@ def _synth(folder: Path, *, output, text, text_file, reference, reference_text, 
         typer.echo(str(result.output))
 
 
+# the options a Nano folder does not take (the delay models'), and its sampling ones
+DELAY_ONLY = {"--reference-text": "reference_text", "--instruction": "instruction",
+              "--language": "language", "--tokens": "tokens", "--quality": "quality",
+              "--sound-event": "sound_event", "--ambient-sound": "ambient_sound",
+              "--heads-backend": "heads_backend", "--n-gpu-layers": "n_gpu_layers",
+              "--flash-attn": "flash_attn", "--dry-run": "dry_run", "--json": "as_json",
+              "--lora": "lora"}  # fmt: skip
+NANO_SAMPLING = ("max_new_tokens", "min_new_tokens", "text_temperature", "text_top_p",
+                 "text_top_k", "audio_temperature", "audio_top_p", "audio_top_k",
+                 "audio_repetition_penalty", "seed")  # fmt: skip
+
+
 @_synth.register
-def _synth_nano(folder: NanoFolderConfig, *, output, text, text_file, reference, reference_text,
-                instruction, language, tokens, quality, sound_event, ambient_sound, max_new_tokens,
-                min_new_tokens, seed, text_temperature, text_top_p, text_top_k, audio_temperature,
-                audio_top_p, audio_top_k, audio_repetition_penalty, heads_backend, n_gpu_layers,
-                n_ctx, flash_attn, threads, low_memory, normalize, stream, profile, dry_run,
-                as_json, max_batch, runaway_retries, lora, mode) -> None:  # fmt: skip
+def _synth_nano(folder: NanoFolderConfig, **o: Any) -> None:
     """A MOSS-TTS-Nano folder speaks: the options it takes, the delay models' refused."""
-    _refuse_delay_only({"--reference-text": reference_text, "--instruction": instruction,
-                        "--language": language, "--tokens": tokens, "--quality": quality,
-                        "--sound-event": sound_event, "--ambient-sound": ambient_sound,
-                        "--heads-backend": heads_backend, "--n-gpu-layers": n_gpu_layers,
-                        "--flash-attn": flash_attn, "--dry-run": dry_run,
-                        "--json": as_json, "--lora": lora}, reference)  # fmt: skip
-    sampling = dict(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
-                    text_temperature=text_temperature, text_top_p=text_top_p,
-                    text_top_k=text_top_k, audio_temperature=audio_temperature,
-                    audio_top_p=audio_top_p, audio_top_k=audio_top_k,
-                    audio_repetition_penalty=audio_repetition_penalty, seed=seed)  # fmt: skip
-    _speak_nano(folder, output, _read_text(text, text_file), (reference or [None])[0],
-                       sampling, stream, threads, n_ctx, profile, mode)  # fmt: skip
+    _refuse_delay_only({flag: o[name] for flag, name in DELAY_ONLY.items()}, o["reference"])
+    _speak_nano(folder, o["output"], _read_text(o["text"], o["text_file"]),
+                (o["reference"] or [None])[0], {name: o[name] for name in NANO_SAMPLING},
+                o["stream"], o["threads"], o["n_ctx"], o["profile"], o["mode"])  # fmt: skip
 
 
 def _refuse_delay_only(given: dict, reference: list[Path] | None) -> None:
