@@ -33,6 +33,25 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _delete(path: Path) -> None:
+    """PATH gone, folder or file (a link is unlinked, never followed)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def discard(target: Path) -> None:
+    """TARGET gone at once: renamed to its hidden partial name first, so a run killed while its
+    files are deleted leaves nothing at TARGET, only a leftover the next run removes."""
+    if not target.exists() and not target.is_symlink():
+        return
+    hidden = partial_name(target)
+    _delete(hidden)
+    os.replace(target, hidden)
+    _delete(hidden)
+
+
 def remove_stale_partials(target: Path) -> None:
     """Delete leftovers of killed runs for target (those whose process is gone)."""
     for leftover in target.parent.glob(f".{target.name}.partial-*"):
@@ -42,10 +61,7 @@ def remove_stale_partials(target: Path) -> None:
             continue
         if pid != os.getpid() and _pid_alive(pid):
             continue
-        if leftover.is_dir() and not leftover.is_symlink():
-            shutil.rmtree(leftover, ignore_errors=True)
-        else:
-            leftover.unlink(missing_ok=True)
+        _delete(leftover)
 
 
 def partial_name(target: Path) -> Path:
@@ -130,17 +146,11 @@ class Staging:
         os.replace(self.path, self.target)
         self._committed = True
         if old is not None:
-            if old.is_dir() and not old.is_symlink():
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                old.unlink(missing_ok=True)
+            _delete(old)
 
     def __exit__(self, *exc) -> None:
         if not self._committed:
-            if self.path.is_dir():
-                shutil.rmtree(self.path, ignore_errors=True)
-            else:
-                self.path.unlink(missing_ok=True)
+            _delete(self.path)
 
 
 @contextmanager

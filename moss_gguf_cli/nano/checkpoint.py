@@ -19,6 +19,7 @@ from ..bf16 import bfloat16
 from ..disk.confine import boundary, confined, present
 from ..errors import InputError
 from ..source.checkpoint import INDEX_NAME, SINGLE_NAME, read_json, read_tensors
+from ..source.config_values import counts_agree
 from .config import NanoConfig, TransformerDims, is_nano
 
 TORCH_NAME = "pytorch_model.bin"
@@ -94,11 +95,7 @@ def _counts_agree(nano: NanoConfig, tensors: dict[str, np.ndarray], weights: Pat
               ("local_transformer_layers", nano.local_layers, "local_transformer.h.",
                "local layers"),
               ("n_vq", nano.n_vq, "audio_embeddings.", "audio tables"))  # fmt: skip
-    for key, said, prefix, what in counts:
-        held = {name[len(prefix):].split(".", 1)[0] for name in tensors if name.startswith(prefix)}
-        if said != len(held):
-            raise InputError(f"config.json's {key} is {said} but the weights hold {len(held)} "
-                             f"{what}", path=weights, hint=_HINT)  # fmt: skip
+    counts_agree(counts, tensors, weights, _HINT)
 
 
 def open_nano(root: Path) -> NanoCheckpoint:

@@ -13,14 +13,13 @@ a stricter verify); the error says so, and how to see the report and redo it.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..disk.staging import partial_name
+from ..disk.staging import discard
 from ..errors import MossGgufError
 from ..report import FAIL, CheckRow
 
@@ -87,22 +86,7 @@ def removed_if_verify_fails(written: Written) -> Iterator[None]:
     except VerifyFailed as exc:
         if not written.ours:
             raise exc.kept() from exc
-        _remove(written.folder)
+        discard(written.folder)  # renamed first: a kill mid-delete leaves nothing at OUTPUT
         for work in written.work:
             shutil.rmtree(work, ignore_errors=True)
         raise exc.removed() from exc
-
-
-def _remove(folder: Path) -> None:
-    """FOLDER gone at once: renamed to its hidden partial name first, so a run killed while
-    the files are deleted leaves nothing at OUTPUT, only a leftover the next run removes
-    (disk/staging.remove_stale_partials)."""
-    if not folder.exists() and not folder.is_symlink():
-        return
-    hidden = partial_name(folder)
-    shutil.rmtree(hidden, ignore_errors=True)
-    os.replace(folder, hidden)
-    if hidden.is_dir() and not hidden.is_symlink():
-        shutil.rmtree(hidden, ignore_errors=True)
-    else:
-        hidden.unlink(missing_ok=True)

@@ -19,7 +19,7 @@ from ..errors import InputError, UnsupportedModelError
 from ..gguf.qwen3_names import layer_shapes
 from ..gguf.stream import RowDelta
 from ..progress import ProgressReporter
-from .config_values import ConfigValues
+from .config_values import ConfigValues, counts_agree
 from .hub import download, is_repo_id
 from .safetensors_io import TensorInfo, read_header, to_f32
 from .token_ids import TOKEN_DEFAULTS
@@ -433,7 +433,8 @@ def _check_tensors(tensors: dict[str, TensorRef], moss: MossConfig, config_path:
             hint=_ONLY_DELAY,
         )
     _counts_agree(tensors, moss, config_path)
-    for name, shape in expected_shapes(moss).items():
+    expected = expected_shapes(moss)
+    for name, shape in expected.items():
         ref = tensors.get(name)
         if ref is None:
             raise InputError(
@@ -447,21 +448,15 @@ def _check_tensors(tensors: dict[str, TensorRef], moss: MossConfig, config_path:
                 path=ref.path,
                 hint="config.json and the weights disagree; re-download both",
             )
-    _plain_dtypes([tensors[name] for name in expected_shapes(moss)])
+    _plain_dtypes([tensors[name] for name in expected])
 
 
 def _counts_agree(tensors: dict[str, TensorRef], moss: MossConfig, config_path: Path) -> None:
     """The config's layer and codebook counts are the weights' (a count the weights do not
     bear out is named here, before a name or shape is built from it)."""
-    for key, said, prefix, what in (
-        ("language_config.num_hidden_layers", moss.num_layers, "language_model.layers.", "layers"),
-        ("n_vq", moss.n_vq, "emb_ext.", "audio tables"),
-    ):
-        held = {name[len(prefix):].split(".", 1)[0] for name in tensors if name.startswith(prefix)}
-        if said != len(held):
-            raise InputError(f"config.json's {key} is {said} but the weights hold {len(held)} "
-                             f"{what}", path=config_path,
-                             hint="config.json and the weights disagree")  # fmt: skip
+    counts_agree((("language_config.num_hidden_layers", moss.num_layers, "language_model.layers.",
+                   "layers"), ("n_vq", moss.n_vq, "emb_ext.", "audio tables")),
+                 tensors, config_path, "config.json and the weights disagree")  # fmt: skip
 
 
 # what a weight may be stored as: the GGUF writers widen these exactly; an integer, bool or

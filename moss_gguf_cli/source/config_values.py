@@ -11,6 +11,7 @@ the shared forms.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,18 @@ from typing import Any
 from ..errors import InputError
 
 MOST_ID = (1 << 31) - 1  # token ids travel as int32
+
+
+def counts_agree(counts: Iterable[tuple[str, int, str, str]], names: Iterable[str], path: Path,
+                 hint: str) -> None:  # fmt: skip
+    """Each (key, count the config says, tensor name prefix, what they are) borne out by the
+    weights NAMES: a count the weights do not bear out is named before anything is built."""
+    names = list(names)
+    for key, said, prefix, what in counts:
+        held = {name[len(prefix):].split(".", 1)[0] for name in names if name.startswith(prefix)}
+        if said != len(held):
+            raise InputError(f"config.json's {key} is {said} but the weights hold {len(held)} "
+                             f"{what}", path=path, hint=hint)  # fmt: skip
 
 
 def _number(value: Any) -> bool:
