@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..disk.confine import boundary, child, confined
+from ..disk.confine import boundary, child, confined, present
 from ..errors import InputError
 
 META = "codec_browser_onnx_meta.json"
@@ -87,7 +87,7 @@ def _state(meta: dict, path: Path) -> tuple[StateTensor, ...]:
 
 def read_meta(folder: Path) -> dict:
     path = Path(folder) / META
-    if not path.is_file():
+    if not present(path):
         raise InputError(f"no {META} here: not the Nano codec's ONNX release", path=folder,
                          hint=_HINT)  # fmt: skip
     confined(path, boundary(folder))
@@ -112,7 +112,7 @@ def open_nano_codec(folder: Path) -> NanoCodec:
         if not isinstance(name, str):
             raise InputError(f"names no {role} graph", path=path, hint=_HINT)
         graph = child(folder, name, f"the {role} graph", path)
-        if not graph.is_file():
+        if not present(graph):
             raise InputError(f"names {name} as the {role} graph; it is not there", path=path,
                              hint=_HINT)  # fmt: skip
         graphs[role] = confined(graph, boundary(folder))
@@ -142,7 +142,7 @@ def _external_data(graph: Path, folder: Path) -> list[Path]:
             continue
         location = next((e.value for e in tensor.external_data if e.key == "location"), "")
         data = child(graph.parent, location, f"{graph.name}'s external data", graph)
-        if not data.is_file():
+        if not present(data):
             raise InputError(f"needs {location}, which is not beside it", path=graph,
                              hint=_HINT)  # fmt: skip
         found.add(confined(data, boundary(folder)))
