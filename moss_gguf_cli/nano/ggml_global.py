@@ -17,23 +17,38 @@ LayerNorm. tests/test_nano_speak.py holds it to llama.cpp's hidden states.
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError, ToolError
+from ..errors import InputError
 from ..gguf.read import GgufFormatError, header_input_error, read_gguf
+from ..graphs import (
+    CpuBackend,
+    GgmlType,
+    Graph,
+    Rope,
+    RopeMode,
+    Tensor,
+    Weights,
+    attention,
+    causal_mask,
+    layer_norm,
+    linear,
+    merge_heads,
+    overhead,
+    rope,
+    tensor_bytes,
+)
 from ..native import libggml
 
-GGML_F32, GGML_F16, GGML_I32, GGML_I64 = 0, 1, 26, 27
-_ROPE_NEOX = 2
 BUCKET = 32  # a step's keys are read rounded up to this (masked); one graph per bucket
 STEP_GRAPHS_KEPT = 8  # a 30 s answer spans ~12 buckets: older graphs are rebuilt (~1 ms)
 PREFILL_ROWS = 128  # a prompt is computed this many rows at a time
 _HINT = "rerun `moss-gguf all` on the model"
 _NODES = 48  # a layer adds ~40 nodes and leaves
+_KV_TYPES = {"F16": GgmlType.F16, "F32": GgmlType.F32}
 
 
 @dataclass(frozen=True)
@@ -45,37 +60,14 @@ class GlobalState:
     values: list[np.ndarray]
 
 
-@dataclass
-class _Graph:
-    ctx: int
-    alloc: int
-    graph: int
-    x: np.ndarray  # the input rows, (rows, hidden)
-    pos: np.ndarray
-    mask: np.ndarray  # (rows, keys)
-    k_rows: np.ndarray  # cache rows written
-    v_rows: np.ndarray  # cache elements written (V is stored transposed)
-    out: np.ndarray | None  # the last row's final-norm hidden state
-
-
 @dataclass(frozen=True)
-class _Ops:
-    """LayerNorm and biased products over the file's tensors, in one graph's context."""
+class _Inputs:
+    """A graph's per-row inputs, as its layers read them."""
 
-    b: ctypes.CDLL
-    ctx: int
-    w: dict[str, int]
-    eps: float
-
-    def norm(self, t: int, name: str) -> int:
-        b, ctx = self.b, self.ctx
-        t = b.ggml_mul(ctx, b.ggml_norm(ctx, t, self.eps), self.w[f"{name}.weight"])
-        return b.ggml_add(ctx, t, self.w[f"{name}.bias"])
-
-    def linear(self, t: int, name: str) -> int:
-        b, ctx = self.b, self.ctx
-        return b.ggml_add(ctx, b.ggml_mul_mat(ctx, self.w[f"{name}.weight"], t),
-                          self.w[f"{name}.bias"])  # fmt: skip
+    pos: Tensor  # [rows] int32: each row's position
+    mask: Tensor  # [keys, rows]: 0 where a row sees a key, -inf where not
+    k_rows: Tensor  # [rows] int64: the K cache rows written
+    v_rows: Tensor  # [hidden × rows] int64: the V cache elements written (stored transposed)
 
 
 class GgmlGlobal:
@@ -83,14 +75,13 @@ class GgmlGlobal:
     `save`/`load` a prompt's shared rows. One sequence, N_CTX rows."""
 
     def __init__(self, gguf: Path, n_ctx: int, threads: int, kv_type: str = "F16"):
-        g = libggml.load()
+        libggml.load()  # a missing ggml says so before the file is read
         # float16 keys and values, as llama.cpp keeps them; F32 holds the file's own math
-        self._kv_kind, self._kv_dtype = {"F16": (GGML_F16, np.float16),
-                                         "F32": (GGML_F32, np.float32)}[kv_type]  # fmt: skip
-        self._b, self._cpu = g.base, g.cpu
+        self._kv_type = _KV_TYPES[kv_type]
         self.path, self.n_ctx, self.n_past = Path(gguf), n_ctx, 0
-        self._ctx = self._backend = None
-        self._steps: dict[int, _Graph] = {}
+        self._weights: Weights | None = None
+        self._backend: CpuBackend | None = None
+        self._steps: dict[int, Graph] = {}
         try:
             header = read_gguf(self.path)
         except GgufFormatError as exc:
@@ -101,10 +92,7 @@ class GgmlGlobal:
         self._facts(header)
         try:
             self._load(header)
-            self._backend = self._cpu.ggml_backend_cpu_init()
-            if not self._backend:
-                raise ToolError("ggml cannot start its CPU backend")
-            self._cpu.ggml_backend_cpu_set_n_threads(self._backend, max(1, threads))
+            self._backend = CpuBackend(threads)
         except BaseException:
             self.close()
             raise
@@ -149,7 +137,6 @@ class GgmlGlobal:
                 "ffn_down": (inner, h)}[kind]  # fmt: skip
 
     def _load(self, header) -> None:
-        b = self._b
         names = self._names()
         infos = []
         for name in names:
@@ -161,27 +148,24 @@ class GgmlGlobal:
                 raise InputError(f"tensor {name} is {list(info.dims)} or cut short, not "
                                  f"{list(self._expected(name))}", path=self.path,
                                  hint=_HINT)  # fmt: skip
+            if info.type_name not in GgmlType.__members__:
+                raise InputError(f"tensor {name} is {info.type_name}, a type ggml does not "
+                                 "compute with", path=self.path, hint=_HINT)  # fmt: skip
             infos.append(info)
-        import gguf as gguf_py
-
-        kv_bytes = 2 * np.dtype(self._kv_dtype).itemsize * self.hidden * self.n_ctx  # K and V
+        h, n_ctx, kind = self.hidden, self.n_ctx, self._kv_type
+        kv_bytes = 2 * tensor_bytes(kind, (h, n_ctx))  # K and V
         size = sum(i.nbytes for i in infos) + self.layers * kv_bytes
-        size += (len(infos) + 2 * self.layers + 8) * (b.ggml_tensor_overhead() + 64)
-        self._ctx = b.ggml_init(libggml.InitParams(size, None, False))
-        if not self._ctx:
-            raise libggml.GgmlUnavailable("ggml_init failed (out of memory?)")
-        self._w: dict[str, int] = {}
+        size += overhead(len(infos) + 2 * self.layers + 8)
+        self._weights = w = Weights(size)
+        self._w: dict[str, Tensor] = {}
         with open(self.path, "rb") as f:
             for info in infos:
-                kind = int(gguf_py.GGMLQuantizationType[info.type_name])
-                t = b.ggml_new_tensor_2d(self._ctx, kind, info.dims[0], info.dims[1]) if len(
-                    info.dims) == 2 else b.ggml_new_tensor_1d(self._ctx, kind, info.dims[0])
-                if b.ggml_nbytes(t) != info.nbytes:
+                t = w.new(info.name, GgmlType[info.type_name], tuple(info.dims))
+                if t.nbytes != info.nbytes:
                     raise InputError(f"tensor {info.name} holds {info.nbytes} bytes, ggml "
-                                     f"needs {b.ggml_nbytes(t)}", path=self.path, hint=_HINT)
+                                     f"needs {t.nbytes}", path=self.path, hint=_HINT)
                 f.seek(header.abs_offset(info))
-                buffer = (ctypes.c_char * info.nbytes).from_address(b.ggml_get_data(t))
-                if f.readinto(buffer) != info.nbytes:
+                if f.readinto(w.raw(t)) != info.nbytes:
                     raise InputError(f"tensor {info.name} is cut short", path=self.path,
                                      hint=_HINT)  # fmt: skip
                 self._w[info.name] = t
@@ -189,109 +173,91 @@ class GgmlGlobal:
         # both attention products read contiguous rows. Zeroed: masked keys are multiplied
         # by zero weights, and unset memory may hold NaN.
         self._k, self._v, self._kv_arrays = [], [], []
-        kind, dtype = self._kv_kind, self._kv_dtype
-        for _ in range(self.layers):
-            k = b.ggml_new_tensor_2d(self._ctx, kind, self.hidden, self.n_ctx)
-            v = b.ggml_new_tensor_2d(self._ctx, kind, 1, self.hidden * self.n_ctx)
-            ka, va = (libggml.tensor_array(t, self.hidden * self.n_ctx, dtype) for t in (k, v))
-            ka[:], va[:] = 0, 0
+        for i in range(self.layers):
+            k = w.zeros(f"blk.{i}.cache_k", kind, (h, n_ctx))
+            v = w.zeros(f"blk.{i}.cache_v", kind, (1, h * n_ctx))
             self._k.append(k)
             self._v.append(v)
-            self._kv_arrays.append((ka.reshape(self.n_ctx, self.hidden),
-                                    va.reshape(self.hidden, self.n_ctx)))  # fmt: skip
+            self._kv_arrays.append((w.array(k), w.array(v).reshape(h, n_ctx)))
 
     # -- graphs
 
-    def _build(self, rows: int, keys: int, output: bool) -> _Graph:
+    def _build(self, rows: int, keys: int, output: bool) -> Graph:
         """A graph over ROWS new rows attending to KEYS cache rows (the rows included); its
-        inputs and output are NumPy views of ggml's buffers."""
-        b, h = self._b, self.hidden
-        nodes = _NODES * (self.layers + 2)
-        ctx, graph = libggml.new_graph(nodes)
-        alloc = None
+        inputs (x, pos, mask, k_rows, v_rows) and output (output_norm) are NumPy views."""
+        h, f32 = self.hidden, GgmlType.F32
+        g = Graph(_NODES * (self.layers + 2), backend=self._backend,
+                  label="the global transformer")  # fmt: skip
         try:
-
-            def new_input(kind: int, *ne: int) -> int:
-                t = (b.ggml_new_tensor_1d(ctx, kind, ne[0]) if len(ne) == 1
-                     else b.ggml_new_tensor_2d(ctx, kind, *ne))  # fmt: skip
-                b.ggml_set_input(t)
-                return t
-
-            x = new_input(GGML_F32, h, rows)
-            pos = new_input(GGML_I32, rows)
-            mask = new_input(GGML_F32, keys, rows)
-            k_rows = new_input(GGML_I64, rows)
-            v_rows = new_input(GGML_I64, h * rows)
-            ops = _Ops(b, ctx, self._w, self.eps)
-            cur = x
+            cur = g.input("x", f32, (h, rows))
+            inputs = _Inputs(g.input("pos", GgmlType.I32, (rows,)),
+                             g.input("mask", f32, (keys, rows)),
+                             g.input("k_rows", GgmlType.I64, (rows,)),
+                             g.input("v_rows", GgmlType.I64, (h * rows,)))  # fmt: skip
             for i in range(self.layers):
-                cur = self._layer(ops, graph, cur, i, rows, keys, (pos, mask, k_rows, v_rows))
-            out = None
+                cur = self._layer(g, cur, i, rows, keys, inputs)
             if output:
-                out = ops.norm(b.ggml_view_1d(ctx, cur, h, (rows - 1) * h * 4), "output_norm")
-                b.ggml_set_output(out)
-            b.ggml_build_forward_expand(graph, cur if out is None else out)
-            alloc = libggml.allocate(graph)
-            view = libggml.tensor_array
-            return _Graph(ctx, alloc, graph, view(x, h * rows).reshape(rows, h),
-                          view(pos, rows, np.int32), view(mask, keys * rows).reshape(rows, keys),
-                          view(k_rows, rows, np.int64),
-                          view(v_rows, h * rows, np.int64).reshape(rows, h),
-                          None if out is None else view(out, h))  # fmt: skip
+                last = g.view(cur, (h,), offset=(rows - 1) * h, name="last_row")
+                cur = g.output(self._norm(g, last, "output_norm"))
+            g.expand(cur)
+            g.allocate()
+            return g
         except BaseException:
-            if alloc:
-                b.ggml_gallocr_free(alloc)
-            b.ggml_free(ctx)
+            g.close()
             raise
 
-    def _layer(self, ops: _Ops, graph: int, cur: int, i: int, rows: int, keys: int,
-               inputs: tuple[int, int, int, int]) -> int:  # fmt: skip
+    def _norm(self, g: Graph, x: Tensor, name: str) -> Tensor:
+        w = self._w
+        return layer_norm(g, x, weight=w[f"{name}.weight"], bias=w[f"{name}.bias"],
+                          eps=self.eps, name=name)  # fmt: skip
+
+    def _linear(self, g: Graph, x: Tensor, name: str) -> Tensor:
+        return linear(g, x, self._w[f"{name}.weight"], self._w[f"{name}.bias"], name=name)
+
+    def _layer(self, g: Graph, cur: Tensor, i: int, rows: int, keys: int,
+               inputs: _Inputs) -> Tensor:  # fmt: skip
         """Block I over CUR [hidden, rows]: its rows' keys and values written to the cache at
         K_ROWS / V_ROWS, then attention over the first KEYS cached rows (MASK)."""
-        b, ctx = self._b, ops.ctx
         h, hd, n_head, n_ctx = self.hidden, self.head_dim, self.heads, self.n_ctx
-        pos, mask, k_rows, v_rows = inputs
-        cell, f4 = np.dtype(self._kv_dtype).itemsize, 4  # a cached value's bytes, a float's
         blk = f"blk.{i}"
-        qkv = ops.linear(ops.norm(cur, f"{blk}.attn_norm"), f"{blk}.attn_qkv")  # [3h, rows]
-        row = 3 * h * f4
-        rope = (pos, None, hd, _ROPE_NEOX, 0, self.rope_base, 1.0, 0.0, 1.0, 32.0, 1.0)
-        q = b.ggml_rope_ext(ctx, b.ggml_view_3d(ctx, qkv, hd, n_head, rows, hd * f4, row, 0),
-                            *rope)  # fmt: skip
-        k = b.ggml_rope_ext(ctx, b.ggml_view_3d(ctx, qkv, hd, n_head, rows, hd * f4, row,
-                                                h * f4), *rope)  # fmt: skip
-        v = b.ggml_view_2d(ctx, qkv, h, rows, row, 2 * h * f4)
+        qkv = self._linear(g, self._norm(g, cur, f"{blk}.attn_norm"), f"{blk}.attn_qkv")
+        rotary = Rope(n_dims=hd, mode=RopeMode.NEOX, freq_base=self.rope_base)
+        # qkv [3h, rows] holds q, k, v one after another in each row: q and k as [hd, head, row]
+        q, k = (rope(g, g.view(qkv, (hd, n_head, rows), offset=j * h, steps=(hd, 3 * h),
+                                name=f"{blk}.{part}"), inputs.pos, rotary,
+                     name=f"{blk}.{part}_rope") for j, part in enumerate(("q", "k")))  # fmt: skip
+        v = g.view(qkv, (h, rows), offset=2 * h, name=f"{blk}.v")
         # the cache writes come first: ggml runs nodes in the order they are added
-        b.ggml_build_forward_expand(graph, b.ggml_set_rows(
-            ctx, self._k[i], b.ggml_reshape_2d(ctx, k, h, rows), k_rows))  # fmt: skip
-        v_flat = b.ggml_reshape_2d(ctx, b.ggml_cont_2d(ctx, v, h, rows), 1, h * rows)
-        b.ggml_build_forward_expand(graph, b.ggml_set_rows(ctx, self._v[i], v_flat, v_rows))
-        k_all = b.ggml_view_3d(ctx, self._k[i], hd, keys, n_head, h * cell, hd * cell, 0)
-        v_all = b.ggml_view_3d(ctx, self._v[i], keys, hd, n_head, n_ctx * cell,
-                               hd * n_ctx * cell, 0)  # fmt: skip
-        scores = b.ggml_mul_mat(ctx, k_all, b.ggml_permute(ctx, q, 0, 2, 1, 3))
-        scores = b.ggml_soft_max_ext(ctx, scores, mask, 1.0 / float(np.sqrt(hd)), 0.0)
-        mixed = b.ggml_mul_mat(ctx, v_all, scores)  # [hd, rows, head]
-        mixed = b.ggml_cont_2d(ctx, b.ggml_permute(ctx, mixed, 0, 2, 1, 3), h, rows)
-        cur = b.ggml_add(ctx, cur, ops.linear(mixed, f"{blk}.attn_output"))
-        up = b.ggml_gelu(ctx, ops.linear(ops.norm(cur, f"{blk}.ffn_norm"), f"{blk}.ffn_up"))
-        return b.ggml_add(ctx, cur, ops.linear(up, f"{blk}.ffn_down"))
+        k_flat = g.reshape(k, (h, rows), name=f"{blk}.k_flat")
+        g.expand(g.set_rows(self._k[i], k_flat, inputs.k_rows, name=f"{blk}.k_write"))
+        v_flat = g.reshape(g.cont(v, (h, rows), name=f"{blk}.v_cont"), (1, h * rows),
+                           name=f"{blk}.v_flat")  # fmt: skip
+        g.expand(g.set_rows(self._v[i], v_flat, inputs.v_rows, name=f"{blk}.v_write"))
+        # the first KEYS positions, split into heads: K [hd, key, head], V^T [key, hd, head]
+        k_all = g.view(self._k[i], (hd, keys, n_head), steps=(h, hd), name=f"{blk}.keys")
+        v_all = g.view(self._v[i], (keys, hd, n_head), steps=(n_ctx, hd * n_ctx),
+                       name=f"{blk}.values")  # fmt: skip
+        q = g.permute(q, (0, 2, 1, 3), name=f"{blk}.q_by_head")  # [hd, row, head]
+        mixed = attention(g, q, k_all, v_all, mask=inputs.mask, scale=1.0 / float(np.sqrt(hd)),
+                          name=f"{blk}.attn")  # fmt: skip
+        mixed = merge_heads(g, mixed, name=f"{blk}.attn_merged")
+        cur = g.add(cur, self._linear(g, mixed, f"{blk}.attn_output"), name=f"{blk}.attn_residual")
+        up = g.gelu(self._linear(g, self._norm(g, cur, f"{blk}.ffn_norm"), f"{blk}.ffn_up"),
+                    name=f"{blk}.ffn_gelu")  # fmt: skip
+        return g.add(cur, self._linear(g, up, f"{blk}.ffn_down"), name=f"{blk}.out")
 
-    def _free(self, graph: _Graph) -> None:
-        self._b.ggml_gallocr_free(graph.alloc)
-        self._b.ggml_free(graph.ctx)
-
-    def _run(self, graph: _Graph, rows: np.ndarray, past: int) -> None:
-        n, keys = rows.shape[0], graph.mask.shape[1]
-        graph.x[:] = rows
+    def _run(self, graph: Graph, rows: np.ndarray, past: int) -> None:
+        inputs = graph.inputs
+        n, keys = rows.shape[0], inputs["mask"].shape[1]
+        inputs["x"][:] = rows
         at = np.arange(past, past + n)
-        graph.pos[:] = at
-        graph.k_rows[:] = at
-        graph.v_rows[:] = np.arange(self.hidden)[None, :] * self.n_ctx + at[:, None]
-        graph.mask[:] = np.where(np.arange(keys)[None, :] <= at[:, None], 0.0, -np.inf)
-        status = self._b.ggml_backend_graph_compute(self._backend, graph.graph)
-        if status != 0:
-            raise ToolError(f"ggml could not compute the global transformer (status {status})")
+        inputs["pos"][:] = at
+        inputs["k_rows"][:] = at
+        # V is stored transposed: channel c of position p is element c × n_ctx + p
+        inputs["v_rows"].reshape(n, self.hidden)[:] = (np.arange(self.hidden)[None, :] * self.n_ctx
+                                                       + at[:, None])  # fmt: skip
+        inputs["mask"][:] = causal_mask(at, keys)
+        graph.compute()
 
     def _room(self, rows: int) -> None:
         if self.n_past + rows > self.n_ctx:
@@ -320,9 +286,9 @@ class GgmlGlobal:
             try:
                 self._run(graph, part, self.n_past)
                 if last:
-                    out = graph.out.copy()
+                    out = graph.outputs["output_norm"].copy()
             finally:
-                self._free(graph)
+                graph.close()
             self.n_past += part.shape[0]
         return out
 
@@ -343,11 +309,11 @@ class GgmlGlobal:
         if graph is None:
             graph = self._build(1, keys, True)
             while len(self._steps) >= STEP_GRAPHS_KEPT:
-                self._free(self._steps.pop(next(iter(self._steps))))
+                self._steps.pop(next(iter(self._steps))).close()
         self._steps[keys] = graph  # the most recent last
         self._run(graph, row.reshape(1, -1), self.n_past)
         self.n_past += 1
-        return graph.out
+        return graph.outputs["output_norm"]
 
     def save(self) -> GlobalState:
         rows = self.n_past
@@ -360,16 +326,18 @@ class GgmlGlobal:
             v[:, : state.rows] = vs
         self.n_past = state.rows
 
+    def graphs(self) -> list[Graph]:
+        """The step graphs kept (one a key bucket), to dump."""
+        return list(self._steps.values())
+
     def close(self) -> None:
         for graph in getattr(self, "_steps", {}).values():
-            self._free(graph)
+            graph.close()
         self._steps = {}
-        if getattr(self, "_backend", None):
-            self._b.ggml_backend_free(self._backend)
-        self._backend = None
-        if getattr(self, "_ctx", None):
-            self._b.ggml_free(self._ctx)
-        self._ctx = None
+        for name in ("_backend", "_weights"):
+            if getattr(self, name, None) is not None:
+                getattr(self, name).close()
+            setattr(self, name, None)
 
     def __del__(self) -> None:
         try:

@@ -26,27 +26,40 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import NumericError, ToolError
+from ..errors import NumericError
+from ..graphs import (
+    Borrowed,
+    CpuBackend,
+    GgmlType,
+    Graph,
+    Rope,
+    RopeMode,
+    SortOrder,
+    Tensor,
+    Weights,
+    aligned,
+    attention,
+    block_size,
+    layer_norm,
+    linear,
+    overhead,
+    rope,
+    tensor_bytes,
+)
 from ..native import libggml
 from ..tts.sampling import Sampler, SamplingParams
 from .config import TransformerDims
 
-GGML_F32, GGML_F16, GGML_Q8_0 = 0, 1, 8
-GGML_I32 = 26
-TYPE_IDS = {"F32": GGML_F32, "F16": GGML_F16, "Q8_0": GGML_Q8_0}
-_ROPE_NORMAL = 0  # rotate adjacent pairs, as upstream's gpt2_decoder does
-_SORT_DESC = 1
+TYPE_IDS = {t.name: t for t in (GgmlType.F32, GgmlType.F16, GgmlType.Q8_0)}  # local_type's
 _NODES_A_LAYER = 48  # a block adds ~35 nodes
 _NODES_A_POSITION = 48  # input, ln_f, head, sampling (~30)
-_ALIGN = 32  # ggml's tensor alignment
 FRAME_GRAPHS_KEPT = 4  # one a sampling setting in use (a server's requests may differ)
+__all__ = ["FRAME_GRAPHS_KEPT", "TYPE_IDS", "GgmlLocal", "aligned"]
 
 
 @dataclass
 class _Frame:
-    ctx: int
-    alloc: int
-    graph: int
+    graph: Graph
     hidden: np.ndarray  # position 0's input
     draws: np.ndarray  # a uniform a position
     stop: np.ndarray  # added to position 0's (continue, stop) logits: 0 or -inf
@@ -55,17 +68,29 @@ class _Frame:
     logits: list[np.ndarray]  # each position's logits before sampling
 
 
-def aligned(table: np.ndarray) -> np.ndarray:
-    """TABLE as C-ordered float32 at an address ggml can place a tensor at (32 bytes): the
-    array itself when it is, else a copy (give it the copy to keep one)."""
-    table = np.ascontiguousarray(table, dtype=np.float32)
-    if table.ctypes.data % _ALIGN == 0:
-        return table
-    raw = np.empty(table.size + _ALIGN // 4, np.float32)
-    skip = (-raw.ctypes.data % _ALIGN) // 4
-    out = raw[skip : skip + table.size].reshape(table.shape)
-    out[:] = table
-    return out
+@dataclass(frozen=True)
+class _Io:
+    """A frame graph's own tensors besides position 0's input row."""
+
+    stop: Tensor  # [2] input: added to position 0's (continue, stop) logits
+    draws: Tensor  # [positions] buffer: a uniform a position
+    picks: Tensor  # [positions] int32 buffer: the picks, written by the graph
+    checks: Tensor  # [positions] buffer: each position's kept mass
+    positions: Tensor  # [heads × positions] int32 buffer, written once: rope's positions
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """One block's tensors: (weight, bias) pairs and the frame's key/value caches."""
+
+    ln1: tuple[Tensor, Tensor]
+    ln2: tuple[Tensor, Tensor]
+    qkv: tuple[Tensor, Tensor]
+    proj: tuple[Tensor, Tensor]
+    up: tuple[Tensor, Tensor]
+    down: tuple[Tensor, Tensor]
+    k: Tensor  # [hd, position, head]
+    v: Tensor  # transposed, [position, hd, head]: both products of attention read rows
 
 
 class GgmlLocal:
@@ -84,257 +109,208 @@ class GgmlLocal:
         file_type: str = "Q8_0",
         threads: int = 1,
     ):
-        g = libggml.load()
-        self._b, self._cpu = g.base, g.cpu
+        libggml.load()  # a missing ggml says so first
         self.dims, self.layers = dims, layers
         self.positions = len(heads)
         self._kind = TYPE_IDS[file_type]
-        self._ctx = self._tables_ctx = self._backend = None
-        self._table_buffers: list[int] = []
+        self._store: Weights | None = None
+        self._borrowed: Borrowed | None = None
+        self._backend: CpuBackend | None = None
         self._frames: dict[tuple[SamplingParams, SamplingParams], _Frame] = {}
         self.logits: list[np.ndarray] = []  # the last frame's, a position each
         self.last_draws = np.zeros(0, np.float32)  # the last frame's uniform draws
-        b = self._b
-        h, p_max = dims.hidden, self.positions
+        h, p_max, f32 = dims.hidden, self.positions, GgmlType.F32
         matrices = [arrays[f"h.{i}.{n}.weight"] for i in range(layers)
                     for n in ("attn.c_attn", "attn.c_proj", "mlp.fc_in", "mlp.fc_out")]
         size = sum(self._bytes(m.shape) for m in matrices + heads)
-        size += 4 * sum(a.size for a in arrays.values() if a.ndim == 1)
-        size += layers * 2 * 4 * h * p_max + 4 * h + 4 * p_max * max(t.shape[0] for t in heads)
-        size += (16 * layers + 2 * p_max + 16) * (b.ggml_tensor_overhead() + 64) + (1 << 20)
-        self._ctx = b.ggml_init(libggml.InitParams(size, None, False))
-        tables = p_max * (b.ggml_tensor_overhead() + 64)
-        self._tables_ctx = b.ggml_init(libggml.InitParams(tables, None, True))
-        if not self._ctx or not self._tables_ctx:
-            self.close()
-            raise libggml.GgmlUnavailable("ggml_init failed (out of memory?)")
+        size += sum(tensor_bytes(f32, a.shape) for a in arrays.values() if a.ndim == 1)
+        size += layers * 2 * tensor_bytes(f32, (h, p_max)) + tensor_bytes(f32, (h,))
+        size += tensor_bytes(f32, (max(t.shape[0] for t in heads), p_max))  # the seen codes
+        size += overhead(16 * layers + 2 * p_max + 16) + (1 << 20)
         try:
+            self._store, self._borrowed = Weights(size), Borrowed(p_max)
             self._load(arrays, layers, heads, start)
-            self._backend = self._cpu.ggml_backend_cpu_init()
-            if not self._backend:
-                raise ToolError("ggml cannot start its CPU backend")
-            self._cpu.ggml_backend_cpu_set_n_threads(self._backend, max(1, threads))
+            self._backend = CpuBackend(threads)
         except BaseException:
             self.close()
             raise
 
     # -- weights
 
-    def _type(self, cols: int) -> int:
-        # Q8_0 packs rows in blocks of 32; a narrower row (tiny test models) stays float32
-        return self._kind if self._kind != GGML_Q8_0 or cols % 32 == 0 else GGML_F32
+    def _type(self, cols: int) -> GgmlType:
+        # a quantized row is packed in blocks; a narrower row (tiny test models) stays float32
+        return self._kind if cols % block_size(self._kind) == 0 else GgmlType.F32
 
     def _bytes(self, shape: tuple[int, ...]) -> int:
         rows, cols = shape
-        return rows * int(self._b.ggml_row_size(self._type(cols), cols))
+        return tensor_bytes(self._type(cols), (cols, rows))
 
-    def _matrix(self, values: np.ndarray) -> int:
+    def _matrix(self, name: str, values: np.ndarray) -> Tensor:
         """A (rows, cols) float32 matrix as a ggml tensor [cols, rows] of the chosen type."""
-        b = self._b
-        rows, cols = values.shape
-        kind = self._type(cols)
-        t = b.ggml_new_tensor_2d(self._ctx, kind, cols, rows)
-        src = np.ascontiguousarray(values, dtype=np.float32)
-        if kind == GGML_F32:
-            libggml.tensor_array(t, rows * cols)[:] = src.reshape(-1)
-        else:
-            b.ggml_quantize_chunk(kind, src.ctypes.data_as(libggml.FloatP), b.ggml_get_data(t),
-                                  0, rows, cols, None)  # fmt: skip
-        return t
+        return self._store.from_numpy(name, values, self._type(values.shape[1]))
 
-    def _vector(self, values: np.ndarray) -> int:
-        t = self._b.ggml_new_tensor_1d(self._ctx, GGML_F32, values.shape[0])
-        libggml.tensor_array(t, values.shape[0])[:] = values
-        return t
-
-    def _in_place(self, table: np.ndarray) -> int:
-        """A float32 (rows, cols) NumPy table (aligned) as a ggml tensor over its memory."""
-        b = self._b
-        rows, cols = table.shape
-        t = b.ggml_new_tensor_2d(self._tables_ctx, GGML_F32, cols, rows)
-        buffer = b.ggml_backend_cpu_buffer_from_ptr(table.ctypes.data, table.nbytes)
-        if not buffer:
-            raise libggml.GgmlUnavailable("ggml cannot wrap a table's memory")
-        self._table_buffers.append(buffer)
-        if b.ggml_backend_tensor_alloc(buffer, t, table.ctypes.data) != 0:
-            raise libggml.GgmlUnavailable("ggml cannot place a table in its memory")
-        return t
+    def _pair(self, arrays: dict[str, np.ndarray], name: str, matrix: bool
+              ) -> tuple[Tensor, Tensor]:  # fmt: skip
+        """NAME's (weight, bias): the weight a matrix of the chosen type or a vector."""
+        new = self._matrix if matrix else self._store.from_numpy
+        w = new(f"{name}.weight", arrays[f"{name}.weight"])
+        return w, self._store.from_numpy(f"{name}.bias", arrays[f"{name}.bias"])
 
     def _load(self, arrays: dict[str, np.ndarray], layers: int, heads: list[np.ndarray],
               start: np.ndarray) -> None:  # fmt: skip
-        b, ctx = self._b, self._ctx
-        dims = self.dims
+        dims, store, f32 = self.dims, self._store, GgmlType.F32
         n_head, hd, p_max = dims.heads, dims.head_dim, self.positions
         self._w = []
         for i in range(layers):
-            get = lambda n, i=i: arrays[f"h.{i}.{n}"]  # noqa: E731 - a short lookup
-            self._w.append({
-                "ln1": (self._vector(get("ln_1.weight")), self._vector(get("ln_1.bias"))),
-                "ln2": (self._vector(get("ln_2.weight")), self._vector(get("ln_2.bias"))),
-                "qkv": (self._matrix(get("attn.c_attn.weight")),
-                        self._vector(get("attn.c_attn.bias"))),
-                "proj": (self._matrix(get("attn.c_proj.weight")),
-                         self._vector(get("attn.c_proj.bias"))),
-                "up": (self._matrix(get("mlp.fc_in.weight")), self._vector(get("mlp.fc_in.bias"))),
-                "down": (self._matrix(get("mlp.fc_out.weight")),
-                         self._vector(get("mlp.fc_out.bias"))),
-                # K as [hd, position, head]; V transposed, [position, hd, head], so that
-                # both products of attention read contiguous rows
-                "k": b.ggml_new_tensor_3d(ctx, GGML_F32, hd, p_max, n_head),
-                "v": b.ggml_new_tensor_3d(ctx, GGML_F32, p_max, hd, n_head),
-            })  # fmt: skip
-        self._ln_f = (self._vector(arrays["ln_f.weight"]), self._vector(arrays["ln_f.bias"]))
-        self._heads = [self._matrix(m) for m in heads]
+            pair = lambda n, m, i=i: self._pair(arrays, f"h.{i}.{n}", m)  # noqa: E731
+            self._w.append(_Layer(
+                ln1=pair("ln_1", False), ln2=pair("ln_2", False),
+                qkv=pair("attn.c_attn", True), proj=pair("attn.c_proj", True),
+                up=pair("mlp.fc_in", True), down=pair("mlp.fc_out", True),
+                k=store.new(f"h.{i}.cache_k", f32, (hd, p_max, n_head)),
+                v=store.new(f"h.{i}.cache_v", f32, (p_max, hd, n_head))))  # fmt: skip
+        self._ln_f = self._pair(arrays, "ln_f", False)
+        self._heads = [self._matrix(f"head.{p}", m) for p, m in enumerate(heads)]
         self._vocab = [m.shape[0] for m in heads]
-        self._start = self._vector(np.ascontiguousarray(start, dtype=np.float32))
+        self._start = store.from_numpy("start", start)
         self._tables = [aligned(m) for m in heads[1:]]
-        self._table_t = [self._in_place(m) for m in self._tables]
+        self._table_t = [self._borrowed.place(f"table.{k}", m) for k, m in enumerate(self._tables)]
         # the repetition penalty's memory: 1.0 where audio position k + 1 produced a code
-        width = max(self._vocab[1:])
-        self._seen_t = b.ggml_new_tensor_2d(ctx, GGML_F32, width, p_max - 1)
-        self.seen = libggml.tensor_array(self._seen_t, width * (p_max - 1)).reshape(p_max - 1,
-                                                                                      width)
-        self.seen[:] = 0.0
+        self._seen_t = store.zeros("seen", f32, (max(self._vocab[1:]), p_max - 1))
+        self.seen = store.array(self._seen_t)
+
 
     # -- the frame graph
 
     def _build(self, text: SamplingParams, audio: SamplingParams) -> _Frame:
-        b, dims = self._b, self.dims
-        h, n_head, p_max = dims.hidden, dims.heads, self.positions
-        nodes = p_max * (_NODES_A_LAYER * self.layers + _NODES_A_POSITION)
-        ctx, graph = libggml.new_graph(nodes)
-        alloc = None
+        h, n_head, p_max = self.dims.hidden, self.dims.heads, self.positions
+        f32, i32 = GgmlType.F32, GgmlType.I32
+        g = Graph(p_max * (_NODES_A_LAYER * self.layers + _NODES_A_POSITION),
+                  backend=self._backend, label="the local transformer")  # fmt: skip
         try:
-
-            def new(kind: int, n: int, role=b.ggml_set_input) -> int:
-                t = b.ggml_new_tensor_1d(ctx, kind, n)
-                role(t)
-                return t
-
-            hidden, stop = new(GGML_F32, h), new(GGML_F32, 2)
-            draws = new(GGML_F32, p_max, b.ggml_set_output)  # kept: _diagnose reads them
-            picks = new(GGML_I32, p_max, b.ggml_set_output)
-            checks = new(GGML_F32, p_max, b.ggml_set_output)
-            f4 = 4
-            # rope reads a position a head; written once, so kept as an output is (gallocr
-            # reuses an input's memory after its last reader)
-            positions = new(GGML_I32, n_head * p_max, b.ggml_set_output)
-            logits_t, x = [], hidden
+            x = g.input("hidden", f32, (h,))
+            io = _Io(g.input("stop", f32, (2,)),
+                     g.buffer("draws", f32, (p_max,)),  # kept: _diagnose reads them
+                     g.buffer("picks", i32, (p_max,)), g.buffer("checks", f32, (p_max,)),
+                     # rope reads a position a head; written once, so a buffer (ggml reuses
+                     # an input's memory after its last reader)
+                     g.buffer("positions", i32, (n_head * p_max,)))  # fmt: skip
             for p in range(p_max):
-                pos = b.ggml_view_1d(ctx, positions, n_head, p * n_head * 4)
-                for lw in self._w:
-                    x = self._block(ctx, graph, lw, x, pos, p)
-                logits = b.ggml_mul_mat(ctx, self._heads[p], self._norm(ctx, x, self._ln_f))
-                b.ggml_set_output(logits)
-                logits_t.append(logits)
-                draw = b.ggml_view_1d(ctx, draws, 1, p * f4)
-                if p == 0:
-                    pick, check = self._sample(ctx, b.ggml_add(ctx, logits, stop), text, draw)
-                else:
-                    seen = b.ggml_view_1d(ctx, self._seen_t, self._vocab[p],
-                                          (p - 1) * self.seen.shape[1] * f4)
-                    pick, check = self._sample(ctx, self._penalised(ctx, logits, seen, audio),
-                                               audio, draw)  # fmt: skip
-                b.ggml_build_forward_expand(graph, b.ggml_cpy(
-                    ctx, pick, b.ggml_view_1d(ctx, picks, 1, p * 4)))  # fmt: skip
-                b.ggml_build_forward_expand(graph, b.ggml_cpy(
-                    ctx, check, b.ggml_view_1d(ctx, checks, 1, p * f4)))  # fmt: skip
-                x = (self._start if p == 0 else b.ggml_reshape_1d(
-                    ctx, b.ggml_get_rows(ctx, self._table_t[p - 1], pick), h))  # fmt: skip
-            alloc = libggml.allocate(graph)
-
-            def view(t: int, n: int, dtype=np.float32) -> np.ndarray:
-                # an input no node reads (greedy sampling's draws) has no memory
-                return (libggml.tensor_array(t, n, dtype) if b.ggml_get_data(t)
-                        else np.zeros(n, dtype))  # fmt: skip
-
-            frame = _Frame(ctx, alloc, graph, view(hidden, h), view(draws, p_max),
-                           view(stop, 2), view(picks, p_max, np.int32), view(checks, p_max),
-                           [view(t, n) for t, n in zip(logits_t, self._vocab, strict=True)])
-            view(positions, n_head * p_max, np.int32)[:] = np.repeat(np.arange(p_max), n_head)
+                x = self._position(g, p, x, io, text if p == 0 else audio)
+            g.allocate()
+            a = g.inputs
+            frame = _Frame(g, a["hidden"], a["draws"], a["stop"], a["picks"], a["checks"],
+                           [g.outputs[f"p{p}.logits"] for p in range(p_max)])  # fmt: skip
+            a["positions"][:] = np.repeat(np.arange(p_max), n_head)
             return frame
         except BaseException:
-            if alloc:
-                b.ggml_gallocr_free(alloc)
-            b.ggml_free(ctx)
+            g.close()
             raise
 
-    def _norm(self, ctx: int, x: int, pair: tuple[int, int]) -> int:
-        b = self._b
-        return b.ggml_add(ctx, b.ggml_mul(ctx, b.ggml_norm(ctx, x, float(self.dims.eps)),
-                                          pair[0]), pair[1])  # fmt: skip
+    def _position(self, g: Graph, p: int, x: Tensor, io: _Io, params: SamplingParams) -> Tensor:
+        """Position P from its input row X: the blocks, its head's logits, its pick (written
+        to io.picks[p]); returns the next position's input row."""
+        at, n_head = f"p{p}", self.dims.heads
+        pos = g.view(io.positions, (n_head,), offset=p * n_head, name=f"{at}.pos")
+        for i, lw in enumerate(self._w):
+            x = self._block(g, lw, x, pos, p, f"{at}.h{i}")
+        normed = layer_norm(g, x, weight=self._ln_f[0], bias=self._ln_f[1],
+                            eps=float(self.dims.eps), name=f"{at}.ln_f")  # fmt: skip
+        logits = g.output(g.mul_mat(self._heads[p], normed, name=f"{at}.logits"))
+        draw = g.view(io.draws, (1,), offset=p, name=f"{at}.draw")
+        if p == 0:
+            logits = g.add(logits, io.stop, name=f"{at}.stop_masked")
+        else:
+            seen = g.view(self._seen_t, (self._vocab[p],), offset=(p - 1) * self.seen.shape[1],
+                          name=f"{at}.seen")  # fmt: skip
+            logits = self._penalised(g, logits, seen, params, at)
+        pick, check = self._sample(g, logits, params, draw, at)
+        g.expand(g.cpy(pick, g.view(io.picks, (1,), offset=p, name=f"{at}.pick_slot"),
+                       name=f"{at}.pick_out"))  # fmt: skip
+        g.expand(g.cpy(check, g.view(io.checks, (1,), offset=p, name=f"{at}.check_slot"),
+                       name=f"{at}.check_out"))  # fmt: skip
+        if p == 0:
+            return self._start
+        row = g.get_rows(self._table_t[p - 1], pick, name=f"{at}.next_row")
+        return g.reshape(row, (self.dims.hidden,), name=f"{at}.next")
 
-    def _linear(self, ctx: int, x: int, pair: tuple[int, int]) -> int:
-        return self._b.ggml_add(ctx, self._b.ggml_mul_mat(ctx, pair[0], x), pair[1])
-
-    def _block(self, ctx: int, graph: int, lw: dict, x: int, pos: int, p: int) -> int:
+    def _block(self, g: Graph, lw: _Layer, x: Tensor, pos: Tensor, p: int, at: str) -> Tensor:
         """One block at position P over X [hidden]: its key and value written to the frame's
         caches at P, attention over positions 0..P."""
-        b, dims = self._b, self.dims
-        h, n_head, hd, p_max, f4 = dims.hidden, dims.heads, dims.head_dim, self.positions, 4
-        qkv = self._linear(ctx, self._norm(ctx, x, lw["ln1"]), lw["qkv"])
+        dims = self.dims
+        h, n_head, hd, eps = dims.hidden, dims.heads, dims.head_dim, float(dims.eps)
+        qkv = linear(g, layer_norm(g, x, weight=lw.ln1[0], bias=lw.ln1[1], eps=eps,
+                                   name=f"{at}.ln_1"), *lw.qkv, name=f"{at}.qkv")  # fmt: skip
         # q, k, v as [hd, 1, head]: one row a head, ne2 the heads (rope's positions)
-        q, k = (b.ggml_view_3d(ctx, qkv, hd, 1, n_head, hd * f4, hd * f4, j * h * f4)
-                for j in range(2))  # fmt: skip
-        v = b.ggml_view_3d(ctx, qkv, 1, hd, n_head, f4, hd * f4, 2 * h * f4)
-        rope = (pos, None, hd, _ROPE_NORMAL, 0, float(dims.rope_base), 1.0, 0.0, 1.0, 32.0, 1.0)
-        q, k = b.ggml_rope_ext(ctx, q, *rope), b.ggml_rope_ext(ctx, k, *rope)
-        k_at = b.ggml_view_3d(ctx, lw["k"], hd, 1, n_head, hd * f4, hd * p_max * f4,
-                              p * hd * f4)  # fmt: skip
-        v_at = b.ggml_view_3d(ctx, lw["v"], 1, hd, n_head, p_max * f4, p_max * hd * f4, p * f4)
+        q, k = (g.view(qkv, (hd, 1, n_head), offset=j * h, steps=(hd, hd), name=f"{at}.{part}")
+                for j, part in enumerate("qk"))  # fmt: skip
+        v = g.view(qkv, (1, hd, n_head), offset=2 * h, steps=(1, hd), name=f"{at}.v")
+        rotary = Rope(n_dims=hd, mode=RopeMode.NORMAL, freq_base=float(dims.rope_base))
+        q, k = (rope(g, q, pos, rotary, name=f"{at}.q_rope"),
+                rope(g, k, pos, rotary, name=f"{at}.k_rope"))  # fmt: skip
+        k_at = g.view(lw.k, (hd, 1, n_head), offset=p * hd, name=f"{at}.k_slot")
+        v_at = g.view(lw.v, (1, hd, n_head), offset=p, name=f"{at}.v_slot")
         # the cache writes first: nodes run in the order they were added
-        b.ggml_build_forward_expand(graph, b.ggml_cpy(ctx, k, k_at))
-        b.ggml_build_forward_expand(graph, b.ggml_cpy(ctx, v, v_at))
-        keys = b.ggml_view_3d(ctx, lw["k"], hd, p + 1, n_head, hd * f4, hd * p_max * f4, 0)
-        values = b.ggml_view_3d(ctx, lw["v"], p + 1, hd, n_head, p_max * f4, p_max * hd * f4, 0)
-        scores = b.ggml_soft_max_ext(ctx, b.ggml_mul_mat(ctx, keys, q), None,
-                                     1.0 / float(np.sqrt(hd)), 0.0)  # fmt: skip
-        attended = b.ggml_reshape_1d(ctx, b.ggml_mul_mat(ctx, values, scores), h)
-        x = b.ggml_add(ctx, x, self._linear(ctx, attended, lw["proj"]))
-        up = b.ggml_gelu(ctx, self._linear(ctx, self._norm(ctx, x, lw["ln2"]), lw["up"]))
-        return b.ggml_add(ctx, x, self._linear(ctx, up, lw["down"]))
+        g.expand(g.cpy(k, k_at, name=f"{at}.k_write"))
+        g.expand(g.cpy(v, v_at, name=f"{at}.v_write"))
+        keys = g.view(lw.k, (hd, p + 1, n_head), name=f"{at}.keys")
+        values = g.view(lw.v, (p + 1, hd, n_head), name=f"{at}.values")
+        mixed = attention(g, q, keys, values, scale=1.0 / float(np.sqrt(hd)), name=f"{at}.attn")
+        attended = g.reshape(mixed, (h,), name=f"{at}.attn_flat")
+        x = g.add(x, linear(g, attended, *lw.proj, name=f"{at}.proj"), name=f"{at}.attn_residual")
+        normed = layer_norm(g, x, weight=lw.ln2[0], bias=lw.ln2[1], eps=eps, name=f"{at}.ln_2")
+        up = g.gelu(linear(g, normed, *lw.up, name=f"{at}.fc_in"), name=f"{at}.gelu")
+        return g.add(x, linear(g, up, *lw.down, name=f"{at}.fc_out"), name=f"{at}.out")
 
-    def _penalised(self, ctx: int, logits: int, seen: int, params: SamplingParams) -> int:
+    def _penalised(self, g: Graph, logits: Tensor, seen: Tensor, params: SamplingParams,
+                   at: str) -> Tensor:  # fmt: skip
         """pick_one's penalty: a seen code's logit / penalty where positive, × penalty
         otherwise, as logit + seen × (logit × (penalty - 1) + relu(logit) × (1/penalty -
         penalty))."""
         penalty = params.repetition_penalty
         if penalty == 1.0:
             return logits
-        b = self._b
-        change = b.ggml_add(ctx, b.ggml_scale(ctx, logits, penalty - 1.0),
-                            b.ggml_scale(ctx, b.ggml_relu(ctx, logits), 1.0 / penalty - penalty))
-        return b.ggml_add(ctx, logits, b.ggml_mul(ctx, change, seen))
+        change = g.add(g.scale(logits, penalty - 1.0, name=f"{at}.pen_all"),
+                       g.scale(g.relu(logits, name=f"{at}.pen_relu"), 1.0 / penalty - penalty,
+                               name=f"{at}.pen_positive"), name=f"{at}.pen_change")  # fmt: skip
+        return g.add(logits, g.mul(change, seen, name=f"{at}.pen_seen"), name=f"{at}.penalised")
 
-    def _sample(self, ctx: int, logits: int, params: SamplingParams, draw: int
-                ) -> tuple[int, int]:  # fmt: skip
+    def _sample(self, g: Graph, logits: Tensor, params: SamplingParams, draw: Tensor,
+                at: str) -> tuple[Tensor, Tensor]:  # fmt: skip
         """(pick [1] int32, check [1]) of LOGITS [vocab] by pick_one's rule with DRAW [1]."""
-        b = self._b
-        vocab = int(b.ggml_nelements(logits))
-        rows = b.ggml_reshape_2d(ctx, logits, 1, vocab)  # a value a row, for get_rows
+        vocab = logits.nelements
+        rows = g.reshape(logits, (1, vocab), name=f"{at}.logit_rows")  # a value a row
         if params.greedy:
-            pick = b.ggml_argmax(ctx, b.ggml_reshape_2d(ctx, logits, vocab, 1))
-            return pick, b.ggml_reshape_1d(ctx, b.ggml_get_rows(ctx, rows, pick), 1)
+            pick = g.argmax(g.reshape(logits, (vocab, 1), name=f"{at}.logit_row"),
+                            name=f"{at}.pick")  # fmt: skip
+            return pick, g.reshape(g.get_rows(rows, pick, name=f"{at}.picked_logit"), (1,),
+                                   name=f"{at}.check")  # fmt: skip
         k = params.top_k if 0 < params.top_k < vocab else vocab
-        ids = b.ggml_top_k(ctx, logits, k)  # in no order
-        values = b.ggml_get_rows(ctx, rows, ids)  # [1, k]
-        order = b.ggml_argsort(ctx, b.ggml_reshape_1d(ctx, values, k), _SORT_DESC)
-        ids = b.ggml_get_rows(ctx, b.ggml_reshape_2d(ctx, ids, 1, k), order)  # [1, k] int32
-        values = b.ggml_reshape_1d(ctx, b.ggml_get_rows(ctx, values, order), k)
-        probs = b.ggml_soft_max_ext(ctx, values, None, 1.0 / params.temperature, 0.0)
+        ids = g.top_k(logits, k, name=f"{at}.top_ids")  # in no order
+        values = g.get_rows(rows, ids, name=f"{at}.top_values")  # [1, k]
+        order = g.argsort(g.reshape(values, (k,), name=f"{at}.top_flat"), SortOrder.DESC,
+                          name=f"{at}.order")  # fmt: skip
+        # the ids in the order of their values: [1, k] int32
+        ids = g.get_rows(g.reshape(ids, (1, k), name=f"{at}.id_rows"), order,
+                         name=f"{at}.sorted_ids")  # fmt: skip
+        values = g.reshape(g.get_rows(values, order, name=f"{at}.sorted_rows"), (k,),
+                           name=f"{at}.sorted")  # fmt: skip
+        probs = g.soft_max(values, scale=1.0 / params.temperature, name=f"{at}.probs")
         if params.top_p < 1.0:  # kept where the mass strictly ahead is below top_p
-            ahead = b.ggml_sub(ctx, b.ggml_cumsum(ctx, probs), probs)
-            probs = b.ggml_mul(ctx, probs, b.ggml_step(ctx, b.ggml_scale_bias(
-                ctx, ahead, -1.0, params.top_p)))  # fmt: skip
-        cumulative = b.ggml_cumsum(ctx, probs)
-        kept = b.ggml_view_1d(ctx, cumulative, 1, (k - 1) * 4)
-        point = b.ggml_mul(ctx, draw, kept)
+            ahead = g.sub(g.cumsum(probs, name=f"{at}.mass"), probs, name=f"{at}.ahead")
+            room = g.scale_bias(ahead, -1.0, params.top_p, name=f"{at}.room")
+            probs = g.mul(probs, g.step(room, name=f"{at}.in_top_p"), name=f"{at}.top_p")
+        cumulative = g.cumsum(probs, name=f"{at}.cumulative")
+        kept = g.view(cumulative, (1,), offset=k - 1, name=f"{at}.kept")
+        point = g.mul(draw, kept, name=f"{at}.point")
         # how many cumulative masses are <= the point: k minus those above it, at most k - 1
-        above = b.ggml_sum(ctx, b.ggml_step(ctx, b.ggml_sub(ctx, cumulative, point)))
-        index = b.ggml_clamp(ctx, b.ggml_scale_bias(ctx, above, -1.0, float(k)), 0.0,
-                             float(k - 1))  # fmt: skip
-        pick = b.ggml_get_rows(ctx, ids, b.ggml_cast(ctx, index, GGML_I32))
-        return b.ggml_reshape_1d(ctx, pick, 1), kept
+        beyond = g.step(g.sub(cumulative, point, name=f"{at}.past_point"), name=f"{at}.beyond")
+        above = g.sum(beyond, name=f"{at}.above")
+        index = g.clamp(g.scale_bias(above, -1.0, float(k), name=f"{at}.below"), 0.0,
+                        float(k - 1), name=f"{at}.index")  # fmt: skip
+        pick = g.get_rows(ids, g.cast(index, GgmlType.I32, name=f"{at}.index_i32"),
+                          name=f"{at}.picked")  # fmt: skip
+        return g.reshape(pick, (1,), name=f"{at}.pick"), kept
 
     # -- work
 
@@ -351,16 +327,14 @@ class GgmlLocal:
         if frame is None:
             frame = self._build(*key)
             while len(self._frames) >= FRAME_GRAPHS_KEPT:
-                self._free(self._frames.pop(next(iter(self._frames))))
+                self._frames.pop(next(iter(self._frames))).graph.close()
         self._frames[key] = frame  # the most recent last
         frame.hidden[:] = hidden
         frame.draws[:] = sampler.rng.random(self.positions)
         # every input written each frame: ggml's allocator reuses an input's memory after
         # its last reader
         frame.stop[:] = (0.0, 0.0 if allow_stop else -np.inf)
-        status = self._b.ggml_backend_graph_compute(self._backend, frame.graph)
-        if status != 0:
-            raise ToolError(f"ggml could not compute the local transformer (status {status})")
+        frame.graph.compute()
         self.logits, self.last_draws = frame.logits, frame.draws
         picks = frame.picks
         if not np.isfinite(frame.checks).all():
@@ -368,6 +342,10 @@ class GgmlLocal:
         if picks[0] == 0:
             self.seen[np.arange(self.positions - 1), picks[1:]] = 1.0
         return picks
+
+    def graphs(self) -> list[Graph]:
+        """The frame graphs kept (one a sampling setting), to dump."""
+        return [frame.graph for frame in self._frames.values()]
 
     def _diagnose(self, frame: _Frame, sampler: Sampler, allow_stop: bool) -> None:
         """A position left no finite mass: pick_one on its logits says why, in its words."""
@@ -382,24 +360,13 @@ class GgmlLocal:
         raise NumericError("the local transformer's sampling found no finite probability",
                            hint="the backbone output is broken")  # fmt: skip
 
-    def _free(self, frame: _Frame) -> None:
-        self._b.ggml_gallocr_free(frame.alloc)
-        self._b.ggml_free(frame.ctx)
-
     def close(self) -> None:
         for frame in getattr(self, "_frames", {}).values():
-            self._free(frame)
+            frame.graph.close()
         self._frames, self.logits = {}, []
-        if getattr(self, "_backend", None):
-            self._b.ggml_backend_free(self._backend)
-        self._backend = None
-        for buffer in getattr(self, "_table_buffers", []):
-            self._b.ggml_backend_buffer_free(buffer)
-        self._table_buffers = []
-        for name in ("_ctx", "_tables_ctx"):
-            ctx = getattr(self, name, None)
-            if ctx:
-                self._b.ggml_free(ctx)
+        for name in ("_backend", "_borrowed", "_store"):
+            if getattr(self, name, None) is not None:
+                getattr(self, name).close()
             setattr(self, name, None)
 
     def __del__(self) -> None:

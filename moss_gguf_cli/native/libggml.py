@@ -2,7 +2,8 @@
 
 Used for ggml's own quantization routines (the code `llama-quantize` runs, from the very
 library it links) and for its GGUF context API (the code that writes llama-quantize's
-headers), so that what we produce with them is what llama.cpp would produce.
+headers), so that what we produce with them is what llama.cpp would produce; and for the
+graph API that graphs/ builds its compute graphs on.
 ctypes releases the GIL for the length of each call: Python threads quantize in parallel.
 """
 
@@ -100,6 +101,17 @@ _BASE = {
     "ggml_tensor_overhead": ([], _SZ),
     "ggml_get_tensor": ([_VP, _CP], _VP),
     "ggml_get_name": ([_VP], _CP),
+    "ggml_set_name": ([_VP, _CP], _VP),
+    "ggml_n_dims": ([_VP], _I32),
+    "ggml_op_desc": ([_VP], _CP),
+    "ggml_type_name": ([_I32], _CP),
+    "ggml_type_size": ([_I32], _SZ),
+    "ggml_blck_size": ([_I32], _I64),
+    "ggml_graph_n_nodes": ([_VP], _I32),
+    "ggml_graph_node": ([_VP, _I32], _VP),
+    "ggml_graph_get_tensor": ([_VP, _CP], _VP),
+    "ggml_rms_norm": ([_VP, _VP, ctypes.c_float], _VP),
+    "ggml_reshape_3d": ([_VP, _VP, _I64, _I64, _I64], _VP),
     "ggml_row_size": ([_I32, _I64], _SZ),
     "ggml_quantize_init": ([_I32], None),
     "ggml_quantize_chunk": ([_I32, _FP, _VP, _I64, _I64, _I64, _FP], _SZ),
