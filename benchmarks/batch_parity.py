@@ -20,9 +20,9 @@ import numpy as np
 from _common import DEFAULT_DIR
 from serve import build_folder
 
+from moss_gguf_cli.delay import SynthConfig, Synthesizer
+from moss_gguf_cli.delay.engine import Utterance
 from moss_gguf_cli.progress import NullProgress
-from moss_gguf_cli.tts import SynthConfig, Synthesizer
-from moss_gguf_cli.tts.engine import Utterance
 
 GREEDY = {"text_temperature": 0.0, "audio_temperature": 0.0}
 JOBS = [("One.", 40), ("Two words here.", 52), ("A third, longer sentence.", 64),

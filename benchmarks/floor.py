@@ -5,7 +5,7 @@
 
 For the weights folder W: the bytes one step in audio must read (every backbone tensor but
 the token embedding and the text head's unused rows, plus the audio heads counted at f16:
-tts/floor.py) divided by the read bandwidth a NumPy sum over 2 GB reaches (best of 5), taken
+delay/floor.py) divided by the read bandwidth a NumPy sum over 2 GB reaches (best of 5), taken
 again each round, in the same run. Then greedy `synth` steps/s (the profile's: the step loop,
 without loading, prefill or audio decoding; after a 40-step warm-up in the same process),
 one fresh process per run, for each --heads backend, and with --against a second source
@@ -28,15 +28,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from moss_gguf_cli.tts import SynthConfig
-from moss_gguf_cli.tts.floor import read_bandwidth, step_floor
+from moss_gguf_cli.delay import SynthConfig
+from moss_gguf_cli.delay.floor import read_bandwidth, step_floor
 
 HERE = Path(__file__).resolve().parent.parent
 
 # run in a fresh process under the tree's own package: no import of this tree's code
 CHILD = """
 import json, sys
-from moss_gguf_cli.tts import SynthConfig, Synthesizer
+from moss_gguf_cli.delay import SynthConfig, Synthesizer
 config = SynthConfig.from_yaml(sys.argv[1]).override(heads_backend=sys.argv[2])
 greedy = {"text_temperature": 0.0, "audio_temperature": 0.0}
 text = "A longer sentence, so that there is enough audio to measure for a while."

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moss_gguf_cli.tts import SynthConfig
+from moss_gguf_cli.delay import SynthConfig
 from moss_gguf_cli.tts.backbone import Backbone, BackboneSettings
 
 WIDTHS = (1, 2, 4)

@@ -29,10 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-from moss_gguf_cli.tts.config import ModelInfo
-from moss_gguf_cli.tts.delay import DelayMachine
-from moss_gguf_cli.tts.embeddings import EmbeddingTables
-from moss_gguf_cli.tts.heads import AudioHeads
+from moss_gguf_cli.delay.config import ModelInfo
+from moss_gguf_cli.delay.embeddings import EmbeddingTables
+from moss_gguf_cli.delay.heads import AudioHeads
+from moss_gguf_cli.delay.pattern import DelayMachine
 from moss_gguf_cli.tts.sampling import Sampler, SamplingParams
 
 HIDDEN = 4096

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
+from moss_gguf_cli.delay import SynthConfig
+from moss_gguf_cli.delay.config import find_model_info
+from moss_gguf_cli.delay.heads import AudioHeads
 from moss_gguf_cli.native.cpu_features import physical_cores
-from moss_gguf_cli.tts import SynthConfig
 from moss_gguf_cli.tts.backbone import Backbone, BackboneSettings
-from moss_gguf_cli.tts.config import find_model_info
-from moss_gguf_cli.tts.heads import AudioHeads
 
 WIDTHS = (1, 4)
 REPEAT = 8

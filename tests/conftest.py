@@ -4,7 +4,6 @@ helpers (held runs, YAMLs)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -342,7 +341,7 @@ def assert_speak_alike(folders, text: str) -> None:
     """The folders speak TEXT greedily with the same rows and the same waveform."""
     import numpy as np
 
-    from moss_gguf_cli.tts import SynthConfig, Synthesizer
+    from moss_gguf_cli.delay import SynthConfig, Synthesizer
 
     results = []
     for folder in folders:
@@ -373,43 +372,27 @@ def tiny_nano_folder(builds) -> Path:
 
 @pytest.fixture(scope="session")
 def release_nano_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A second tiny Nano, written as the release writes it (torch.save's pytorch_model.bin,
-    each head one storage with its table, bf16; builtin:tiny-nano's dims and tokenizer), made
-    into a folder with the tiny codec."""
-    import shutil
+    """A second tiny Nano, written in the release's exact shape (tests/tiny_nano.py
+    write_as_release: its config.json key for key with `"dtype": "float32"` over bf16 weights
+    and its nulls, its tensor names, a tokenizer with its pieces 4-14 and byte offset,
+    tokenizer_config.json and special_tokens_map.json; builtin:tiny-nano's dims), made into a
+    folder with the tiny codec. `all` ran without --quiet: what it printed is kept beside the
+    folder (all.stdout, all.stderr)."""
+    from tiny_nano import write_as_release
 
-    import torch
-    from tiny_nano import release_state, write_release
-
-    from moss_gguf_cli.nano.tiny import CONFIG, ensure_tiny_nano, ensure_tiny_nano_codec_folder
+    from moss_gguf_cli.nano.tiny import CONFIG, ensure_tiny_nano_codec_folder
 
     source = tmp_path_factory.mktemp("nano-release") / "release"
-    state = release_state(CONFIG, torch.bfloat16, seed=5)
-    del state["local_transformer.wte.weight"]  # the release's 194 tensors have none
-    write_release(source, release_shaped(CONFIG), state)
-    shutil.copyfile(ensure_tiny_nano() / "tokenizer.model", source / "tokenizer.model")
-    (source / "special_tokens_map.json").write_text(json.dumps(
-        {"pad_token": "<pad>", "unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"}))
+    write_as_release(source, CONFIG, seed=5)
     out = source.parent / "w"
     done = subprocess.run([sys.executable, "-m", "moss_gguf_cli", "all", "--model", str(source),
-                           "--output", str(out), "-q", "--audio-tokenizer",
-                           str(ensure_tiny_nano_codec_folder())], capture_output=True, text=True)
+                           "--output", str(out), "--audio-tokenizer",
+                           str(ensure_tiny_nano_codec_folder())], capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "200"})  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert done.stdout == f"{out}\n", done.stdout  # -q: the folder's path alone
+    (source.parent / "all.stdout").write_text(done.stdout)
+    (source.parent / "all.stderr").write_text(done.stderr)
     return out
-
-
-def release_shaped(config: dict) -> dict:
-    """CONFIG with the release's quirks (its config.json as published): a top-level dtype that
-    says float32 over bf16 weights, nulls in keys nothing reads, gpt2_config as GPT2Config
-    dumps it (every key explicit)."""
-    gpt2 = {**config["gpt2_config"], "dtype": None, "bos_token_id": 50256, "eos_token_id": 50256,
-            "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1, "initializer_range": 0.02,
-            "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
-            "reorder_and_upcast_attn": False, "summary_type": "cls_index", "use_cache": True,
-            "task_specific_params": None, "problem_type": None}  # fmt: skip
-    return {**config, "dtype": "float32", "bos_token_id": None, "eos_token_id": None,
-            "gpt2_config": gpt2}  # fmt: skip
 
 
 def nano_yaml(folder: Path, name: str, tmp: Path, **values) -> Path:

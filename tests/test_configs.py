@@ -13,10 +13,10 @@ import pytest
 import soundfile as sf
 import yaml
 
+from moss_gguf_cli.delay.config import SynthConfig
 from moss_gguf_cli.pipeline.layout import synth_config
 from moss_gguf_cli.pipeline.recipes import load_recipe
 from moss_gguf_cli.source.tiny_codec import write_tiny_codec
-from moss_gguf_cli.tts.config import SynthConfig
 from moss_gguf_cli.tts.defaults import SYNTH_DEFAULTS
 
 REPO = Path(__file__).resolve().parents[1]

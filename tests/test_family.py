@@ -216,7 +216,7 @@ def test_ttsd_speaks_a_dialogue_with_a_voice_per_speaker(built, tmp_path: Path) 
 
 
 def test_ttsd_prompt_carries_both_clips_and_their_join(built, tmp_path: Path) -> None:
-    from moss_gguf_cli.tts import Speaker, SynthConfig, Synthesizer
+    from moss_gguf_cli.delay import Speaker, SynthConfig, Synthesizer
 
     out, _ = built["tiny-ttsd"]
     alice, bob = _clip(tmp_path / "a.wav", 220, 1.0), _clip(tmp_path / "b.wav", 330, 0.5)
@@ -250,7 +250,7 @@ def test_a_long_dialogue_is_split_at_speaker_turns_each_chunk_with_both_clips(
     both speakers' clips and transcripts (no chunk-1 voice carried: the clips are the voices),
     the chunks join back into the dialogue, all side by side, and the later chunks share
     their beginning; the plan counts the clips in every chunk's prompt."""
-    from moss_gguf_cli.tts import Speaker, SynthConfig, Synthesizer
+    from moss_gguf_cli.delay import Speaker, SynthConfig, Synthesizer
 
     out, _ = built["tiny-ttsd"]
     alice, bob = _clip(tmp_path / "a.wav", 220, 1.0), _clip(tmp_path / "b.wav", 330, 0.5)
@@ -283,7 +283,7 @@ def test_a_streamed_dialogue_sounds_as_the_whole_one(built, tmp_path: Path) -> N
     """The answer continues the speakers' joined clips: streamed, each window is decoded
     after them (and they are cut off) as the whole decode does, so the two agree (the tiny
     codec is frame-local: test_tts_streaming.py checks the context with a causal one)."""
-    from moss_gguf_cli.tts import Speaker, SynthConfig, Synthesizer
+    from moss_gguf_cli.delay import Speaker, SynthConfig, Synthesizer
 
     out, _ = built["tiny-ttsd"]
     alice, bob = _clip(tmp_path / "a.wav", 220, 1.0), _clip(tmp_path / "b.wav", 330, 0.5)
@@ -355,7 +355,7 @@ def test_ttsd_server_takes_a_stored_voice_per_speaker(built, tmp_path: Path) -> 
 
 
 def test_sound_effect_speaks_its_ambient_sound_with_text_none(built, tmp_path: Path) -> None:
-    from moss_gguf_cli.tts import SynthConfig, Synthesizer
+    from moss_gguf_cli.delay import SynthConfig, Synthesizer
 
     out, _ = built["tiny-soundeffect"]
     wav = tmp_path / "rain.wav"

@@ -1,21 +1,25 @@
 """Every family in the registry does what a family does (docs/ARCHITECTURE.md §6, the family
-interface, step 5 begun): claims its builtin, `all` makes a folder of it that the registry
+interface, step 5): claims its builtin, `all` makes a folder of it that the registry
 claims back, `verify` passes it and fails it once a file is tampered with, and `synth` speaks
-from the config `all` wrote. A new family is one row in SPEAK and nothing else here; `serve`
-joins once the serve core is one (step 3)."""
+from the config `all` wrote, and `serve` answers the official openai client, a stream the
+bytes of the whole answer. A new family is one row in SPEAK and REQUEST and nothing else
+here."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import openai
 import pytest
 import soundfile as sf
 from builds import Builds
 from in_process import moss_gguf
+from test_serve import KEY, TIMEOUT, start_serve
 
 from moss_gguf_cli.families import FAMILIES, Family, for_config, for_folder, for_input
 
@@ -27,8 +31,15 @@ SPEAK = {
 }
 
 
+# the same over HTTP: a request's fields
+REQUEST = {
+    "moss-tts-delay": {"max_new_tokens": 48, "seed": 1},
+    "moss-tts-nano": {"min_new_tokens": 6, "max_new_tokens": 6, "seed": 1},
+}
+
+
 def test_every_registered_family_has_a_row():
-    assert sorted(SPEAK) == sorted(f.name for f in FAMILIES)
+    assert sorted(SPEAK) == sorted(REQUEST) == sorted(f.name for f in FAMILIES)
 
 
 @pytest.fixture(scope="module", params=FAMILIES, ids=lambda f: f.name)
@@ -74,3 +85,32 @@ def test_synth_speaks_from_the_config_all_wrote(made, tmp_path):
     assert done.returncode == 0, done.stderr
     info = sf.info(str(out))
     assert info.frames > 0 and info.samplerate in (24_000, 48_000), info
+
+
+@pytest.fixture(scope="module")
+def served(made, tmp_path_factory):
+    """`moss-gguf serve` on the folder `all` made, and the official client talking to it."""
+    family, folder = made
+    srv = start_serve(folder / family.synth_config, tmp_path_factory.mktemp("log") / "s.log",
+                      "--api-key", KEY, "--voices", str(tmp_path_factory.mktemp("voices")))
+    client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key=KEY, max_retries=0,
+                           timeout=TIMEOUT)  # fmt: skip
+    yield family, client
+    srv.stop()
+
+
+def test_serve_answers_the_openai_client_and_a_stream_is_the_whole(served):
+    family, client = served
+    [model] = [m.id for m in client.models.list().data]
+    ask = dict(model=model, voice="alloy", input="Hello there.")
+    wav = client.audio.speech.create(**ask, response_format="wav",
+                                     extra_body=REQUEST[family.name]).content  # fmt: skip
+    samples, rate = sf.read(io.BytesIO(wav), dtype="int16")
+    assert rate in (24_000, 48_000) and len(samples) > 0 and np.abs(samples).max() > 0
+    whole = client.audio.speech.create(**ask, response_format="pcm",
+                                       extra_body=REQUEST[family.name]).content  # fmt: skip
+    with client.audio.speech.with_streaming_response.create(
+        **ask, response_format="pcm", extra_body={**REQUEST[family.name], "stream_format": "audio"}
+    ) as reply:
+        streamed = b"".join(reply.iter_bytes())
+    assert len(whole) > 0 and streamed == whole

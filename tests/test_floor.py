@@ -1,4 +1,4 @@
-"""The memory floor (tts/floor.py, docs/memory-floor.md), the GPU build option of
+"""The memory floor (delay/floor.py, docs/memory-floor.md), the GPU build option of
 scripts/install.sh and what doctor says of offloaded layers."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 from gguf_reading import gguf_reader
 
+from moss_gguf_cli.delay import SynthConfig
+from moss_gguf_cli.delay.floor import read_bandwidth, step_bytes, step_floor
 from moss_gguf_cli.doctor.environment import gpu_rows
-from moss_gguf_cli.tts import SynthConfig
-from moss_gguf_cli.tts.floor import read_bandwidth, step_bytes, step_floor
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,5 +1,5 @@
-"""Long text spoken whole, in one voice (#38): the split (tts/chunking.py), the driver
-(tts/speech.py) through `synth` and a real `serve`, on builtin:tiny (random weights: every chunk
+"""Long text spoken whole, in one voice (#38): the split (delay/chunking.py), the driver
+(delay/speech.py) through `synth` and a real `serve`, on builtin:tiny (random weights: every chunk
 runs to its budget, so budgets are kept small)."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from test_serve import start_serve
 from typer.testing import CliRunner
 
 from moss_gguf_cli.cli.app import app
-from moss_gguf_cli.tts import SynthConfig, Synthesizer, plan_text
-from moss_gguf_cli.tts.chunking import (
+from moss_gguf_cli.delay import SynthConfig, Synthesizer, plan_text
+from moss_gguf_cli.delay.chunking import (
     EN_FRAMES_PER_CHAR,
     ZH_FRAMES_PER_CHAR,
     ChunkSettings,
@@ -30,11 +30,11 @@ from moss_gguf_cli.tts.chunking import (
     split_text,
     step_budget,
 )
+from moss_gguf_cli.delay.engine import EngineSettings
+from moss_gguf_cli.delay.normalize import normalize_text
+from moss_gguf_cli.delay.pattern import undo_delay
+from moss_gguf_cli.delay.speech import FADE_SAMPLES, PAUSE_FRAMES, VOICE_FRAMES, Joiner
 from moss_gguf_cli.tts.codec import FRAME_SAMPLES
-from moss_gguf_cli.tts.delay import undo_delay
-from moss_gguf_cli.tts.engine import EngineSettings
-from moss_gguf_cli.tts.normalize import normalize_text
-from moss_gguf_cli.tts.speech import FADE_SAMPLES, PAUSE_FRAMES, VOICE_FRAMES, Joiner
 
 EN = (
     "The lighthouse keeper climbed the stairs at dusk, as he had done for forty years. "

@@ -23,12 +23,12 @@ from test_hub_weights import add_repo, files_of, run
 from tiny_nano import nano_config, release_state, write_release
 
 from moss_gguf_cli.gguf.read import read_gguf
-from moss_gguf_cli.nano.checkpoint import open_nano
+from moss_gguf_cli.nano.checkpoint import expected_shapes, open_nano, tied_names
 from moss_gguf_cli.nano.codec_folder import DEFAULT_REPO as CODEC_REPO
+from moss_gguf_cli.nano.convert import HUB_PATTERNS
 from moss_gguf_cli.nano.global_gguf import neox_order, write_global_f32
 from moss_gguf_cli.nano.layout import array_files, array_of
 from moss_gguf_cli.nano.tiny import ensure_tiny_nano, ensure_tiny_nano_codec_folder
-from moss_gguf_cli.pipeline.nano import HUB_PATTERNS
 from moss_gguf_cli.quantize.llama import quantize
 from moss_gguf_cli.tts.backbone import Backbone, BackboneSettings
 from moss_gguf_cli.verify.quality import DEEP_THRESHOLDS
@@ -90,6 +90,49 @@ def test_the_builtin_becomes_a_complete_folder(builtin_folder):
     for rel, name in array_files(opened.nano).items():
         array = np.load(out / rel)
         assert array.dtype == np.float32 and np.array_equal(array, array_of(opened, name)), rel
+
+
+def test_the_builtin_manifest_has_no_dtype_note(builtin_folder):
+    """builtin:tiny-nano's config says no dtype: its manifest is as it always was."""
+    manifest = json.loads((builtin_folder / "manifest.json").read_text())
+    assert "notes" not in manifest
+    assert list(manifest["model"]) == ["n_vq", "hidden_size", "vocab_size", "num_layers",
+                                       "local_layers", "npy_dtype"]  # fmt: skip
+
+
+def test_the_release_shaped_checkpoint_converts_with_its_dtype_noted(release_nano_folder):
+    """The checkpoint in the release's exact shape (conftest, tiny_nano.write_as_release): its
+    files, its 194-name layout (no local_transformer.wte) in bf16 under a config saying
+    float32. `all` reads the weights as stored, passes verify, and says the disagreement: in
+    its output and in the manifest."""
+    out, source = release_nano_folder, release_nano_folder.parent / "release"
+    assert sorted(p.name for p in source.iterdir()) == [
+        "config.json", "pytorch_model.bin", "special_tokens_map.json", "tokenizer.model",
+        "tokenizer_config.json"]  # fmt: skip
+    config = json.loads((source / "config.json").read_text())
+    assert config["dtype"] == "float32" and "torch_dtype" not in config
+    assert len(config["gpt2_config"]) == 80 and config["gpt2_config"]["dtype"] is None
+    loaded = torch.load(source / "pytorch_model.bin", weights_only=True)
+    opened = open_nano(source)
+    assert sorted(loaded) == sorted(expected_shapes(opened.nano))  # the release's names
+    assert "local_transformer.wte.weight" not in loaded and opened.unused == []
+    assert {t.dtype for t in loaded.values()} == {torch.bfloat16}
+    for head, table in tied_names(opened.nano).items():
+        assert loaded[head].data_ptr() == loaded[table].data_ptr(), head
+    note = ("config.json says dtype float32 but pytorch_model.bin stores bfloat16; the weights "
+            "are read as stored (bfloat16)")  # fmt: skip
+    assert opened.dtype_note == note
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["notes"] == [note]
+    assert (manifest["model"]["weights_dtype"], manifest["model"]["config_dtype"]) == \
+        ("bfloat16", "float32")  # fmt: skip
+    stdout, stderr = (source.parent / name for name in ("all.stdout", "all.stderr"))
+    assert f"note: {note}" in " ".join(stderr.read_text().split())
+    assert re.search(r"verify: \d+ passed, 0 warnings, 0 failed", stdout.read_text())
+    for name in ("config.json", "tokenizer.model"):
+        assert (out / name).read_bytes() == (source / name).read_bytes(), name
+    for rel, name in array_files(opened.nano).items():  # bf16 widened exactly
+        assert np.array_equal(np.load(out / rel), loaded[name].float().numpy()), rel
 
 
 @pytest.mark.parametrize("kind", ["bin-bf16", "safetensors-f32"])
@@ -176,7 +219,7 @@ def test_a_failing_final_verify_removes_the_folder(tmp_path, monkeypatch):
             np.save(out / "spoiled.npy", values)
             os.replace(out / "spoiled.npy", table)
 
-    monkeypatch.setattr("moss_gguf_cli.pipeline.nano.hold", spoil_at_verify)
+    monkeypatch.setattr("moss_gguf_cli.nano.convert.hold", spoil_at_verify)
     ran = moss_gguf("all", "--model", "builtin:tiny-nano", "--output", str(out), "-q")
     assert ran.returncode == 1, ran.stdout + ran.stderr
     line = ran.stderr.strip()

@@ -4,13 +4,17 @@ the official `openai` client and httpx. It answers model "moss-tts-nano" (listed
 16-bit: 96,000 bytes for 2.0 s); a streamed answer is the whole one, byte for byte; greedy
 requests repeat; requests at once take turns and each gets the bytes it gets alone; a client
 that leaves midway is stopped at its next frame; a registered voice is cloned; what Nano does
-not take is a 400 naming the field."""
+not take is a 400 naming the field. The one serve core's reliability holds as for the delay
+models: a runaway chunk is run again, a stalled frame is answered by the watchdog, a stop
+answers what runs and waits with 503."""
 
 from __future__ import annotations
 
 import base64
 import io
 import json
+import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -21,7 +25,7 @@ import openai
 import pytest
 import soundfile as sf
 from conftest import RUN_CPUS, nano_yaml
-from test_serve import KEY, TIMEOUT, add_voice, av_decode, start_serve
+from test_serve import KEY, TIMEOUT, add_voice, av_decode, error_of, start_serve
 from test_serve_stream import metric, wait_abandoned_and_idle
 
 from moss_gguf_cli.hold_points import ENV as HOLD_ENV
@@ -38,7 +42,7 @@ GREEDY = {**TWO_S, "text_temperature": 0, "audio_temperature": 0}
 def server(tiny_nano_folder, tmp_path_factory):
     # on the whole machine, so that two requests at once get an engine a core; one thread an
     # engine: an engine's two threads spinning against the other test worker made a stream
-    # 4x slower, and the engines step in turn on one thread anyway (serve/nano_worker.py)
+    # 4x slower, and the engines step in turn on one thread anyway (nano/serving.py)
     config = nano_yaml(tiny_nano_folder, "serve-nano.yaml", tmp_path_factory.mktemp("nano"),
                        n_threads=1)  # fmt: skip
     srv = start_serve(config, tmp_path_factory.mktemp("log") / "serve.log", "--api-key", KEY,
@@ -99,6 +103,17 @@ def test_flac_holds_the_wav_samples_and_compressed_formats_are_48k_stereo(client
         assert (rate, channels) == (48_000, 2) and abs(seconds - 2.0) < 0.1, (fmt, seconds)
 
 
+def sse(http, **fields) -> tuple[list[dict], list[bytes]]:
+    """A wav request's SSE events, and the audio of its deltas (a WAV header, then samples)."""
+    body = {"model": MODEL, "input": TEXT, "response_format": "wav", "stream_format": "sse",
+            **fields}  # fmt: skip
+    events = [json.loads(line[5:]) for line in
+              http.post("/v1/audio/speech", json=body).text.splitlines()
+              if line.startswith("data:")]  # fmt: skip
+    return events, [base64.b64decode(e["audio"]) for e in events
+                    if e["type"] == "speech.audio.delta"]  # fmt: skip
+
+
 def test_a_stream_is_the_whole_answer_byte_for_byte(client, http):
     whole = speak(client, "pcm")
     with client.audio.speech.with_streaming_response.create(
@@ -108,12 +123,7 @@ def test_a_stream_is_the_whole_answer_byte_for_byte(client, http):
         pieces = list(reply.iter_bytes())
     assert b"".join(pieces) == whole
     # SSE: wav deltas (a streamed header, then the samples) hold the whole WAV's samples
-    body = {"model": MODEL, "input": TEXT, "response_format": "wav", "stream_format": "sse",
-            **TWO_S}  # fmt: skip
-    events = [json.loads(line[5:]) for line in
-              http.post("/v1/audio/speech", json=body).text.splitlines()
-              if line.startswith("data:")]  # fmt: skip
-    deltas = [base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta"]
+    events, deltas = sse(http, **TWO_S)
     assert len(deltas) > 2 and events[-1]["type"] == "speech.audio.done"
     assert events[-1]["usage"]["output_tokens"] == 25
     assert b"".join(deltas)[44:] == speak(client, "wav")[44:]
@@ -225,14 +235,23 @@ def test_a_release_written_checkpoint_is_served_the_same_way(release_nano_folder
         srv.stop()
 
 
+def held_server(folder, tmp_path, *args: str):
+    """The Nano server of FOLDER with ARGS, whose first frame holds (the `serve` hold point),
+    and the marker saying it got there. One thread: two spinning against a busy machine's
+    other work can take a stall limit before the first frame."""
+    marker = tmp_path / "held"
+    config = nano_yaml(folder, "held.yaml", tmp_path, n_threads=1)
+    srv = start_serve(config, tmp_path / "s.log", "--api-key", KEY, "--voices",
+                      str(tmp_path / "voices"), *args,
+                      env={HOLD_ENV: f"serve={marker}"})  # fmt: skip
+    return srv, marker
+
+
 def test_a_stalled_nano_request_is_answered_by_the_watchdog(tiny_nano_folder, tmp_path):
-    """The one watchdog (serve/scheduler.Watchdog) watches Nano's worker too: held inside a
-    frame (the `serve` hold point), the request gets 500 engine_stalled after --stall-timeout
-    and /health says stalled, as for the delay models (test_serve_hostile)."""
-    marker = tmp_path / "marker"
-    srv = start_serve(tiny_nano_folder / "moss-tts-nano.yaml", tmp_path / "s.log",
-                      "--api-key", KEY, "--voices", str(tmp_path / "voices"),
-                      "--stall-timeout", "2", env={HOLD_ENV: f"serve={marker}"})  # fmt: skip
+    """The one serve core's watchdog (serve/scheduler.Watchdog) watches Nano's frames too:
+    held inside a frame (the `serve` hold point), the request gets 500 engine_stalled after
+    --stall-timeout and /health says stalled, as for the delay models (test_serve_hostile)."""
+    srv, marker = held_server(tiny_nano_folder, tmp_path, "--stall-timeout", "2")
     try:
         started = time.monotonic()
         reply = httpx.post(f"{srv.url}/v1/audio/speech", timeout=TIMEOUT,
@@ -243,5 +262,57 @@ def test_a_stalled_nano_request_is_answered_by_the_watchdog(tiny_nano_folder, tm
         assert time.monotonic() - started < 30
         health = httpx.get(f"{srv.url}/health")
         assert health.status_code == 503 and health.json()["status"] == "stalled"
+    finally:
+        srv.stop()
+
+
+# the stop allowed from frame 2, at most 3 frames: builtin:tiny-nano's first try with seed 10
+# runs to its max (a runaway) and its retry stops at 2 frames; seed 0's retry runs away too
+RUNAWAY = {"min_new_tokens": 2, "max_new_tokens": 3}
+FRAME = 3840  # samples of 48 kHz audio a frame makes
+
+
+def test_a_runaway_chunk_is_run_again_with_another_seed(server, client, http):
+    """As the delay models': a chunk that reaches max_new_tokens though its stop was allowed
+    runs again with another seed, --runaway-retries times (1 by default), and one that runs
+    away again is counted; a stream keeps its first try (its audio went out as it was made)."""
+    before = metric(server, "moss_gguf_runaway_chunks_total")
+    assert sf.info(io.BytesIO(speak(client, "wav", seed=10, **RUNAWAY))).frames == 2 * FRAME
+    assert sf.info(io.BytesIO(speak(client, "wav", seed=0, **RUNAWAY))).frames == 3 * FRAME
+    assert metric(server, "moss_gguf_runaway_chunks_total") == before + 1  # seed 0's
+    events, deltas = sse(http, seed=10, **RUNAWAY)
+    assert len(b"".join(deltas)[44:]) == 3 * FRAME * 4  # 16-bit stereo
+    assert events[-1]["type"] == "speech.audio.done" and events[-1]["runaways"] == [1]
+
+
+def test_sigterm_answers_what_runs_and_waits_with_503(tiny_nano_folder, tmp_path):
+    """One engine (--max-batch 1): a request held inside a frame and one waiting for the
+    engine are both answered 503 shutting_down by a stop, and the server exits 0."""
+    srv, marker = held_server(tiny_nano_folder, tmp_path, "--max-batch", "1")
+    try:
+        http = httpx.Client(base_url=srv.url, timeout=TIMEOUT,
+                            headers={"Authorization": f"Bearer {KEY}"})  # fmt: skip
+        replies: dict[str, httpx.Response] = {}
+
+        def send(name: str) -> None:
+            replies[name] = http.post("/v1/audio/speech", json={"model": MODEL, "input": TEXT,
+                                                                **GREEDY})  # fmt: skip
+
+        threads = {name: threading.Thread(target=send, args=(name,))
+                   for name in ("running", "waiting")}  # fmt: skip
+        threads["running"].start()
+        deadline = time.monotonic() + TIMEOUT
+        while not marker.exists():  # the worker is inside a frame, held there
+            assert time.monotonic() < deadline and srv.proc.poll() is None
+            time.sleep(0.02)
+        threads["waiting"].start()
+        while http.get("/health").json()["queue"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert srv.stop(signal.SIGTERM) == 0
+        for name, thread in threads.items():
+            thread.join(TIMEOUT)
+            assert error_of(replies[name], 503, None)["code"] == "shutting_down"
+        assert "Traceback" not in srv.text()
     finally:
         srv.stop()

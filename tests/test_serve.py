@@ -245,7 +245,7 @@ def test_language_names_and_codes_reach_the_prompt(client, http, greedy_wav):
 
 
 def test_the_languages_route_lists_upstreams_names(http):
-    from moss_gguf_cli.tts.language import LANGUAGES
+    from moss_gguf_cli.delay.language import LANGUAGES
 
     reply = http.get("/v1/audio/languages")
     assert reply.status_code == 200

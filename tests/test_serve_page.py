@@ -19,6 +19,7 @@ import httpx
 import pytest
 from conftest import TINY_SYNTH_YAML, nano_yaml, write_yaml
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -90,7 +91,10 @@ def browser(tmp_path_factory):
 
 
 def wait(driver, condition, timeout: float = TIMEOUT):
-    return WebDriverWait(driver, timeout, poll_frequency=0.05).until(lambda d: condition(d))
+    # a list the page re-renders while the condition reads it: asked again at the next poll
+    return WebDriverWait(driver, timeout, poll_frequency=0.05,
+                         ignored_exceptions=(StaleElementReferenceException,)
+                         ).until(lambda d: condition(d))  # fmt: skip
 
 
 def by_id(driver, testid: str):

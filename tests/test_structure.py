@@ -92,18 +92,20 @@ def test_no_import_cycle():
 
 
 def test_only_the_cli_imports_the_server_and_it_imports_only_the_core_it_needs():
-    """serve/ sits on top: only cli/ and the family registry (each family's serve entry) may
-    import it; it uses tts/, the model families' rooms (nano/), errors, progress, hold_points."""
+    """serve/ is a stage core, family-blind: only cli/, the family registry (lazily, each
+    family's serve entry) and the family rooms (their steppers and loaders) may import it; it
+    uses tts/ (shared speech), errors, progress, hold_points, and no family's room."""
     known = modules()
     graph = {name: imports(name, path, known) for name, path in known.items()}
     serve = "moss_gguf_cli.serve"
     inside = {n for n in graph if n == serve or n.startswith(f"{serve}.")}
     assert "moss_gguf_cli.serve.scheduler" in inside  # the walk sees the package
     importers = {n for n, deps in graph.items() if deps & inside} - inside
-    assert importers and all(n.startswith(("moss_gguf_cli.cli.", "moss_gguf_cli.families."))
-                             for n in importers), importers  # fmt: skip
-    allowed = ("moss_gguf_cli.tts", "moss_gguf_cli.nano", "moss_gguf_cli.errors",
-               "moss_gguf_cli.progress", "moss_gguf_cli.hold_points", serve)  # fmt: skip
+    rooms = ("moss_gguf_cli.cli.", "moss_gguf_cli.families.", "moss_gguf_cli.delay.",
+             "moss_gguf_cli.nano.")  # fmt: skip
+    assert importers and all(n.startswith(rooms) for n in importers), importers
+    allowed = ("moss_gguf_cli.tts", "moss_gguf_cli.errors", "moss_gguf_cli.progress",
+               "moss_gguf_cli.hold_points", serve)  # fmt: skip
     used = set().union(*(graph[n] for n in inside)) - inside
     assert all(any(u == a or u.startswith(f"{a}.") for a in allowed) for u in used), used
 
@@ -121,10 +123,12 @@ RANKS = {
     "disk": 1, "native": 1,
     "gguf": 2,
     "source": 3,
+    "graphs": 3,  # the ggml graph layer: over native/ alone, so every room that speaks may use it
     "tts": 4, "quantize": 4,
-    "nano": 5,  # a model family's room: above what families share, below what uses a family
-    "verify": 6, "doctor": 6,
-    "pipeline": 7, "serve": 7,
+    "verify": 5, "doctor": 5,  # rows and checks a family uses
+    "pipeline": 6, "serve": 6,  # the stage cores, family-blind
+    # a model family's room each: over the stage cores it fills, under the registry
+    "nano": 7, "delay": 7,
     "families": 8,  # the registry: which family an input, folder or config is; its entries
     "cli": 9,
     "__main__": 10,  # python -m moss_gguf_cli: the entry point over the CLI
@@ -204,11 +208,10 @@ def test_imports_between_rooms_are_at_the_top_unless_they_say_why():
     assert found == []
 
 
-# A family's code outside its room until #61's step 2 moves it home, and the delay family's
-# reader (source/checkpoint.py), which refuses the others' checkpoints by name
-FAMILY_CODE = ("nano/", "families/", "pipeline/nano.py", "verify/nano.py", "verify/nano_deep.py",
-               "serve/nano_worker.py", "source/checkpoint.py")  # fmt: skip
-NAMES_A_FAMILY = re.compile(r"^\s*(if|elif)\b.*nano", re.IGNORECASE)
+# The family rooms and the registry, and the delay family's checkpoint reader
+# (source/checkpoint.py), which refuses the others' checkpoints by name
+FAMILY_CODE = ("nano/", "delay/", "families/", "source/checkpoint.py")
+NAMES_A_FAMILY = re.compile(r"^\s*(if|elif)\b.*(nano|realtime|\bdelay)", re.IGNORECASE)
 
 
 def family_branches(root: Path) -> list[str]:
@@ -366,3 +369,28 @@ def test_libllama_is_loaded_and_its_log_hooked_in_one_place():
     planted = "import ctypes\ndef f(llama_cpp):\n    llama_cpp.llama_log_set(None, None)\n"
     assert native_uses(ast.parse(planted)) == {"llama_log_set"}
     assert native_uses(ast.parse("from llama_cpp import _logger\n")) == {"import llama_cpp"}
+
+
+FAMILY_ROOMS = ("delay", "nano")  # a model family's room each (rank 7)
+
+
+def family_room_importers(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of a family's room from outside it by anything but the registry (families/):
+    the stages and the CLI reach a family through the registry alone."""
+    return sorted(
+        f"{a} → {b}"
+        for a, deps in graph.items()
+        for b in deps
+        if room(b) in FAMILY_ROOMS and room(a) not in (room(b), "families")
+    )
+
+
+def test_only_the_registry_imports_a_family_room():
+    known = modules()
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    assert {room(m) for m in known} >= set(FAMILY_ROOMS)  # the rooms are there
+    assert all(RANKS[r] == RANKS["nano"] for r in FAMILY_ROOMS)
+    assert family_room_importers(graph) == []
+    planted = {**graph, "moss_gguf_cli.cli.synth_cmd": {"moss_gguf_cli.nano.synth"}}
+    assert family_room_importers(planted) == [
+        "moss_gguf_cli.cli.synth_cmd → moss_gguf_cli.nano.synth"]

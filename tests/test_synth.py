@@ -16,10 +16,10 @@ from conftest import write_yaml
 from typer.testing import CliRunner
 
 from moss_gguf_cli.cli.app import app
+from moss_gguf_cli.delay import SynthConfig, Synthesizer, synth_to_wav
+from moss_gguf_cli.delay.config import ModelInfo, find_model_info
 from moss_gguf_cli.errors import InputError, UsageError
-from moss_gguf_cli.tts import SynthConfig, Synthesizer, synth_to_wav
 from moss_gguf_cli.tts.codec import FRAME_SAMPLES
-from moss_gguf_cli.tts.config import ModelInfo, find_model_info
 
 STEPS = BASE["max_new_tokens"]
 
@@ -177,7 +177,7 @@ def test_greedy_runs_are_deterministic(config):
 def test_numpy_heads_slices_are_bitwise_the_full_product(config):
     """Upstream's backend multiplies the hidden state by the whole stacked head every
     step; any codebook range we ask for must hold exactly those bits (greedy ties)."""
-    from moss_gguf_cli.tts.heads import AudioHeads, load_stacked
+    from moss_gguf_cli.delay.heads import AudioHeads, load_stacked
 
     stacked = load_stacked(config.lm_head_dir, 32, 1025, np.float32)
     heads = AudioHeads(config.lm_head_dir, 32, 1025, 1024, backend="numpy")
@@ -191,7 +191,7 @@ def test_numpy_heads_slices_are_bitwise_the_full_product(config):
 
 
 def test_numpy_and_ggml_heads_agree(config):
-    from moss_gguf_cli.tts.heads import AudioHeads
+    from moss_gguf_cli.delay.heads import AudioHeads
 
     hidden = np.random.default_rng(0).standard_normal(256).astype(np.float32)
     out = {}
@@ -351,7 +351,7 @@ def test_ggml_heads_survive_thousands_of_steps():
     must not run that context dry (it aborted after ~190 steps at the real hidden size)."""
     code = (
         "import numpy as np\n"
-        "from moss_gguf_cli.tts.heads import _GgmlMatVec\n"
+        "from moss_gguf_cli.delay.heads import _GgmlMatVec\n"
         "m = _GgmlMatVec(64, 4096, 2)\n"
         "m.weights[:] = np.ones((64, 4096), np.float16)\n"
         "x = np.full(4096, 0.5, np.float32)\n"

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from test_tts_engine import JOBS, utterance
 
-from moss_gguf_cli.tts import SynthConfig, Synthesizer
+from moss_gguf_cli.delay import SynthConfig, Synthesizer
+from moss_gguf_cli.delay.config import ModelInfo
+from moss_gguf_cli.delay.engine import EngineSettings
+from moss_gguf_cli.delay.pattern import DelayMachine
+from moss_gguf_cli.delay.text_head import TextHead
 from moss_gguf_cli.tts.backbone import Backbone, BackboneSettings
-from moss_gguf_cli.tts.config import ModelInfo
-from moss_gguf_cli.tts.delay import DelayMachine
-from moss_gguf_cli.tts.engine import EngineSettings
-from moss_gguf_cli.tts.text_head import TextHead
 
 GREEDY = {"text_temperature": 0.0, "audio_temperature": 0.0}
 
@@ -167,7 +167,7 @@ def test_float32_heads_of_several_rows_are_one_product_with_rows_of_their_own(ti
     """An engine stepping several rows keeps its float32 stack in ggml: one row is NumPy's
     sgemv (the 1-wide engine's bits), several one tinyBLAS product whose rows do not
     depend on the rows beside them."""
-    from moss_gguf_cli.tts.heads import AudioHeads, load_stacked
+    from moss_gguf_cli.delay.heads import AudioHeads, load_stacked
 
     lm_heads = SynthConfig.from_yaml(tiny_weights / "moss-tts.yaml").lm_head_dir
     heads = AudioHeads(lm_heads, 32, 1025, 1024, backend="numpy", n_threads=1, max_width=4)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from moss_gguf_cli.tts.config import ModelInfo
-from moss_gguf_cli.tts.delay import (
+from moss_gguf_cli.delay.config import ModelInfo
+from moss_gguf_cli.delay.pattern import (
     DelayMachine,
     apply_delay,
     generated_segments,
@@ -213,7 +213,7 @@ def test_seeded_steps_are_reproducible():
 
 def test_repetition_penalty_history_is_upstreams():
     """Codebook 0 by its own history; the others of the step by the union of theirs."""
-    from moss_gguf_cli.tts.delay import penalty_history
+    from moss_gguf_cli.delay.pattern import penalty_history
     from moss_gguf_cli.tts.sampling import SamplingParams, sample_rows
 
     seen = np.zeros((4, 6), dtype=bool)

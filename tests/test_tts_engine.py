@@ -1,4 +1,4 @@
-"""The batched engine (tts/engine.py): utterances of different lengths joining and leaving a
+"""The batched engine (delay/engine.py): utterances of different lengths joining and leaving a
 shared llama.cpp context give each the rows it gets alone (the engine is always max_batch rows
 wide, so a lone utterance takes the same kernels as a batched one, and each sequence keeps its
 row). On the f16 backbone and on a Q4_K_M one: llama.cpp's K-quant kernels are where a row's
@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from moss_gguf_cli.delay import SynthConfig, Synthesizer
+from moss_gguf_cli.delay.engine import Utterance
 from moss_gguf_cli.progress import NullProgress
-from moss_gguf_cli.tts import SynthConfig, Synthesizer
-from moss_gguf_cli.tts.engine import Utterance
 
 GREEDY = {"text_temperature": 0.0, "audio_temperature": 0.0}
 JOBS = [("One.", 40), ("Two words here.", 52), ("A third, longer sentence.", 64),

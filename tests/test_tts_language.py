@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from moss_gguf_cli.delay.language import LANGUAGES, language_name, languages
 from moss_gguf_cli.errors import InputError
-from moss_gguf_cli.tts.language import LANGUAGES, language_name, languages
 
 # upstream's LANGUAGE_TAG_CHOICES (clis/moss_tts_app.py at 58b20a0) without "Auto (omit)"
 UPSTREAM_V15 = [

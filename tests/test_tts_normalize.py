@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from moss_gguf_cli.tts.normalize import normalize_text
+from moss_gguf_cli.delay.normalize import normalize_text
 
 DATA = json.loads(
     (Path(__file__).parent / "data" / "upstream_normalize.json").read_text(encoding="utf-8")

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from moss_gguf_cli.delay.config import ModelInfo
+from moss_gguf_cli.delay.normalize import merge_turns, normalize_dialogue, normalize_text
+from moss_gguf_cli.delay.prompt import PromptFields, build_prompt, dialogue_text, load_tokenizer
 from moss_gguf_cli.errors import InputError
 from moss_gguf_cli.source.tiny import tokenizer_source
-from moss_gguf_cli.tts.config import ModelInfo
-from moss_gguf_cli.tts.normalize import merge_turns, normalize_dialogue, normalize_text
-from moss_gguf_cli.tts.prompt import PromptFields, build_prompt, dialogue_text, load_tokenizer
 
 GOLDEN = json.loads(
     (Path(__file__).parent / "data" / "upstream_prompts.json").read_text(encoding="utf-8")

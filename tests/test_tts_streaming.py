@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from moss_gguf_cli.tts import SynthConfig, Synthesizer
+from moss_gguf_cli.delay import SynthConfig, Synthesizer
 from moss_gguf_cli.tts.codec import FRAME_SAMPLES, SAMPLE_RATE, AudioCodec, loudness_gain
 from moss_gguf_cli.tts.streaming import (
     ReceptiveField,

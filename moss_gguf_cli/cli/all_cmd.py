@@ -11,21 +11,23 @@ from rich.table import Table
 
 from ..disk.staging import human_bytes
 from ..errors import UsageError
-from ..families import for_input
+from ..families import FAMILIES, for_input
 from ..gguf.first_class import FORMAT
-from ..nano.codec_folder import DEFAULT_REPO as NANO_CODEC_REPO
 from ..pipeline.audio_codec import DEFAULT_REPO as CODEC_REPO
 from ..pipeline.first_class import FirstClassFolder, parse_formats
-from ..pipeline.nano import NanoRun
 from ..pipeline.push import hub_token, plan_push, push
 from ..pipeline.recipes import Recipe, load_recipe
 from ..pipeline.route import AllOutcome, AllRequest
 from ..pipeline.run import AllResult, AllSettings
+from ..pipeline.summary import FolderSummary
 from ..quantize.engines import Engine
 from ..source.audio_tokenizer import DEFAULT_REPO, parse_flag
 from ._command import command
 from ._options import CacheDir, Force, LlamaCppDir, Quiet, Revision, Verbose
 from ._output import OutputMode, command_line, info, progress_for, setup_logging, stdout
+
+# each family's default codec, for --audio-tokenizer's help
+CODECS = "; ".join(f"{f.title}: {f.audio_tokenizer}" for f in FAMILIES)
 
 EXAMPLES = """
 [b]Examples[/b]
@@ -123,8 +125,8 @@ def all_command(
         str | None,
         typer.Option(
             help="Audio tokenizer to include: a folder with its encoder/decoder .onnx, a Hub repo "
-            f"id, or none. Default: the model's, {DEFAULT_REPO} (MOSS-TTS-Nano: "
-            f"{NANO_CODEC_REPO}, its ONNX release; builtin models: a tiny one).",
+            f"id, or none. Default: the model family's ({CODECS}; builtin models: a tiny "
+            "one).",
         ),
     ] = None,
     audio_tokenizer_revision: Annotated[
@@ -308,25 +310,18 @@ def _first_class_summary(folder: FirstClassFolder, mode: OutputMode, quiet: bool
 
 
 @_render.register
-def _nano_summary(run: NanoRun, mode: OutputMode, quiet: bool) -> None:
-    """The Nano folder's parts, verify's counts and how to speak it (a failing verify never
-    gets here: the run removed the folder and raised)."""
-    folder = run.folder
+def _folder_summary(summary: FolderSummary, mode: OutputMode, quiet: bool) -> None:
+    """Any other family's folder: its parts, then its lines (verify's counts, how to speak it)."""
     if quiet:  # the folder's path alone, as for the other families: scripts read it
-        typer.echo(str(folder.output))
+        typer.echo(str(summary.output))
         return
-    files = Table(title=f"{folder.output} (MOSS-TTS-Nano)", title_justify="left")
+    files = Table(title=summary.title, title_justify="left")
     files.add_column("file")
     files.add_column("size", justify="right")
-    parts = (*[g.name for g in folder.ggufs], "tables/", "local_transformer/",
-             "tokenizer.model", "audio_tokenizer/")  # fmt: skip
-    for name in parts:
-        size = sum(s for p, s in folder.files if p == name or p.startswith(name))
+    for name, size in summary.parts:
         files.add_row(name, human_bytes(size))
     stdout.print(files)
-    counts = run.report.counts
-    stdout.print(f"verify: {counts['pass']} passed, {counts['warn']} warnings, "
-                 f"{counts['fail']} failed")  # fmt: skip
-    config = folder.configs[0] if folder.configs else folder.output / "moss-tts-nano.yaml"
-    stdout.print(f"speak it: moss-gguf synth --config {config} --text 'Hello' -o hello.wav",
-                 soft_wrap=True)  # fmt: skip
+    for note in summary.notes:
+        info(mode, f"note: {note}")
+    for line in summary.lines:
+        stdout.print(line, soft_wrap=True)

@@ -4,7 +4,7 @@ llama.cpp applies one adapter set to a whole context, so to every sequence of a 
 requests with different sets never share a batch. The worker serves one set at a time: a
 waiting request whose set differs from the one applied is admitted only once nothing runs
 (the queue stays in order, so no set starves), and the set is then switched; switching drops
-the engine's kept prefix (tts/synthesizer.py `use_adapters`), and every request prefills its
+the engine's kept prefix (delay/synthesizer.py `use_adapters`), and every request prefills its
 own sequence, so no KV made under one set is read under another. A scale of 0 is no adapter.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..tts import Synthesizer
-from .api_errors import ApiError
+from ..serve.api_errors import ApiError
+from . import Synthesizer
 
 LoraKey = tuple[tuple[str, float], ...]
 

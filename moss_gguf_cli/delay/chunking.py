@@ -3,7 +3,7 @@
     pieces = split_text(normalized, ChunkSettings())      # [Piece(text, gap, frames)]
     budget = step_budget(piece.frames, settings, n_vq)    # steps this chunk may take
 
-The text is the normalised one (tts/normalize.py), split where a reader pauses: before a
+The text is the normalised one (delay/normalize.py), split where a reader pauses: before a
 speaker tag (``[S1]``), after a sentence end (``。！？!?`` and ``.`` before a space), then after
 a clause mark (``，、；：,;:``), then at a space, then between two CJK characters, and only as
 the last resort anywhere else; never inside a URL, an e-mail address, a number (``3.14``,

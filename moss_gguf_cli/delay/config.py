@@ -23,8 +23,9 @@ from ..errors import InputError, UnsupportedModelError, UsageError
 from ..gguf.first_class import FORMAT as DELAY_FAMILY  # the delay family's name
 from ..source.checkpoint import variant_name
 from ..source.token_ids import TOKEN_DEFAULTS
-from .defaults import SYNTH_DEFAULTS as D
-from .lora import LoraSpec
+from ..tts.codec import SAMPLE_RATE
+from ..tts.defaults import SYNTH_DEFAULTS as D
+from ..tts.lora import LoraSpec
 
 log = logging.getLogger(__name__)
 
@@ -56,16 +57,6 @@ FLOAT_KEYS = (
 )
 STR_KEYS = ("audio_backend", "heads_backend", "kv_cache_type_k", "kv_cache_type_v")
 BOOL_KEYS = ("use_gpu_audio", "low_memory", "profile")
-# the keys one call of `Synthesizer.synthesize` may change (its ``sampling`` argument)
-SAMPLING_KEYS = (
-    "text_temperature",
-    "text_top_p",
-    "text_top_k",
-    "audio_temperature",
-    "audio_top_p",
-    "audio_top_k",
-    "audio_repetition_penalty",
-)
 # upstream keys we read without using (other backends); no warning for them
 KNOWN_UPSTREAM_KEYS = frozenset(
     {"audio_encoder_trt", "audio_decoder_trt", "audio_tokenizer_dir", "audio_tokenizer_path"}
@@ -161,11 +152,8 @@ class SynthConfig:
             values[key] = _convert(key, value, base, source)
         missing = [k for k in REQUIRED_KEYS if k not in values]
         if missing:
-            raise UsageError(
-                f"config is missing {', '.join(missing)}",
-                path=source,
-                hint="add the key(s) with a path to the weights folder's file",
-            )
+            raise UsageError(f"config is missing {', '.join(missing)}", path=source,
+                             hint="add the key(s) with a path to the weights folder's file")
         if str(values.get("audio_backend", "onnx")).lower() == "trt":
             raise UsageError(
                 "audio_backend trt: TensorRT audio engines are not supported by moss-gguf",
@@ -379,8 +367,6 @@ class ModelInfo:
         )
 
     def refuse_unsupported(self) -> None:
-        from .codec import SAMPLE_RATE
-
         if self.sampling_rate != SAMPLE_RATE:
             raise UnsupportedModelError(
                 f"the model speaks at {self.sampling_rate} Hz; the ONNX audio tokenizer synth "

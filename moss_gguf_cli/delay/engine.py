@@ -20,7 +20,7 @@ served (backbone.py, heads.py say why).
 What a step reads (ARCHITECTURE.md §10): before the decode, each utterance's next plan says
 which text ids it may pick (`StepPlan.text_ids`). Only when some row needs the whole
 vocabulary does llama.cpp run its text head; otherwise the backbone stops at the hidden
-state and `TextHead` (tts/text_head.py) gives the logits of those ids alone.
+state and `TextHead` (delay/text_head.py) gives the logits of those ids alone.
 """
 
 from __future__ import annotations
@@ -34,17 +34,16 @@ import numpy as np
 
 from ..hold_points import fail
 from ..progress import ProgressReporter
-from .backbone import Backbone
-from .codec import FRAME_SAMPLES, SAMPLE_RATE
+from ..tts.backbone import Backbone
+from ..tts.codec import FRAME_SAMPLES, SAMPLE_RATE
+from ..tts.defaults import WIDTHS
+from ..tts.sampling import Sampler
 from .config import ModelInfo
-from .delay import DelayMachine, StepPlan
 from .embeddings import EmbeddingTables
 from .heads import AudioHeads
+from .pattern import DelayMachine, StepPlan
 from .prompt import Prompt
-from .sampling import Sampler
 from .text_head import TextHead
-
-WIDTHS = ("served", "identical", "fixed")
 
 
 @dataclass(frozen=True)
@@ -61,9 +60,9 @@ class EngineSettings:
         greedy audio is the same alone or batched.
       "fixed": every step max_batch rows wide whoever is served (the way before): the same
         bits alone or batched, a lone utterance paying for the width.
-    heads: the audio heads' backend (tts/heads.py); None: the config's heads_backend.
+    heads: the audio heads' backend (delay/heads.py); None: the config's heads_backend.
     text_head: False makes llama.cpp run its whole text head every step (the way before
-    tts/text_head.py; for checks).
+    delay/text_head.py; for checks).
     shared_prefix: False prefills every prompt whole, also the beginnings that chunks 2..n
     of a request share (the way before; for checks)."""
 
@@ -97,7 +96,7 @@ class SynthProfile:
     decode_s: float = 0.0
     total_s: float = 0.0
     heads_backend: str = ""
-    chunks: int = 1  # the request's chunks (tts/speech.py)
+    chunks: int = 1  # the request's chunks (delay/speech.py)
     runaways: int = 0  # chunks that ran away, retry included
 
     @property
@@ -148,13 +147,13 @@ class Utterance:
         self.finished = False
         self.error: BaseException | None = None
         # its prompt's rows before the text may come from the engine's kept beginning (one
-        # like it prefilled before): tts/speech.py sets it for chunks 2..n, whose prompts
+        # like it prefilled before): delay/speech.py sets it for chunks 2..n, whose prompts
         # differ only in their text
         self.shares_prefix = False
 
     @property
     def runaway(self) -> bool:
-        """It used its whole step budget without ending (tts/speech.py retries it)."""
+        """It used its whole step budget without ending (delay/speech.py retries it)."""
         return (self.finished and self.error is None and self.count >= self.run.steps_allowed
                 and not (self.machine is not None and self.machine.done))  # fmt: skip
 

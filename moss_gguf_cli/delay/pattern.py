@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..tts.sampling import Sampler
 from .config import ModelInfo
-from .sampling import Sampler
 
 
 def apply_delay(codes: np.ndarray, pad_code: int) -> np.ndarray:

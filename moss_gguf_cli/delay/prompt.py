@@ -30,8 +30,8 @@ import numpy as np
 
 from ..errors import InputError
 from .config import ModelInfo
-from .delay import apply_delay
 from .normalize import merge_turns, normalize_dialogue
+from .pattern import apply_delay
 
 TEMPLATE = (
     "<user_inst>\n"

@@ -8,7 +8,7 @@
     result = speech.result()
 
 The engine steps utterances and knows nothing of chunks. Here: the normalised text is split
-(tts/chunking.py), each chunk gets its own prompt and step budget; chunk 1 joins first, and
+(delay/chunking.py), each chunk gets its own prompt and step budget; chunk 1 joins first, and
 the others join as rows beside it once the voice they carry exists: the caller's reference
 from the start, else chunk 1's own codes (its first `VOICE_FRAMES`) as their reference, so
 chunks 2..n run side by side after chunk 1 (docs/long-text.md says why not upstream's
@@ -33,8 +33,8 @@ import numpy as np
 
 from ..errors import InputError
 from ..progress import ProgressReporter
+from ..tts.codec import FRAME_SAMPLES, loudness_gain, loudness_normalize
 from .chunking import ChunkSettings, Piece, split_further, split_text, step_budget
-from .codec import FRAME_SAMPLES, loudness_gain, loudness_normalize
 from .config import ModelInfo
 from .engine import Run, SynthProfile, Utterance
 from .prompt import Prompt, PromptFields, build_prompt

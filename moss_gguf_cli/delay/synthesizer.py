@@ -1,6 +1,6 @@
 """`Synthesizer`: text (+ optional reference voice) → 24 kHz waveform, with a profile.
 
-    from moss_gguf_cli.tts import Synthesizer, SynthConfig
+    from moss_gguf_cli.delay import Synthesizer, SynthConfig
 
     with Synthesizer(SynthConfig.from_yaml("weights/moss-tts.yaml")) as tts:
         wav = tts.generate("Hello there.", seed=7)   # float32, 24 kHz
@@ -25,34 +25,17 @@ import numpy as np
 
 from ..errors import InputError, OutputError, UsageError
 from ..progress import ProgressReporter, ensure
-from .backbone import Backbone, BackboneSettings
-from .codec import (
+from ..tts.backbone import Backbone, BackboneSettings
+from ..tts.codec import (
     FRAME_SAMPLES,
     SAMPLE_RATE,
     AudioCodec,
     loudness_normalize,
     read_reference,
 )
-from .config import SAMPLING_KEYS, ModelInfo, SynthConfig, find_model_info
-from .delay import generated_segments
-from .embeddings import EmbeddingTables
-from .engine import Engine, EngineSettings, Run, SynthProfile
-from .heads import AudioHeads
-from .language import language_name
-from .lora import load_adapters
-from .normalize import normalize_text
-from .prompt import Prompt, PromptFields, build_prompt, dialogue_text, load_tokenizer
-from .sampling import Sampler, SamplingParams
-from .speech import (
-    RETRIES,
-    ChunkReport,
-    PlanLimits,
-    PromptTooLong,
-    Speech,
-    SpeechPlan,
-    plan_speech,
-)
-from .streaming import (
+from ..tts.lora import load_adapters
+from ..tts.sampling import SAMPLING_KEYS, Sampler, SamplingParams
+from ..tts.streaming import (
     Chunker,
     FrameAssembler,
     ReceptiveField,
@@ -61,6 +44,23 @@ from .streaming import (
     pcm16,
     probe_receptive_field,
     wav_header,
+)
+from .config import ModelInfo, SynthConfig, find_model_info
+from .embeddings import EmbeddingTables
+from .engine import Engine, EngineSettings, Run, SynthProfile
+from .heads import AudioHeads
+from .language import language_name
+from .normalize import normalize_text
+from .pattern import generated_segments
+from .prompt import Prompt, PromptFields, build_prompt, dialogue_text, load_tokenizer
+from .speech import (
+    RETRIES,
+    ChunkReport,
+    PlanLimits,
+    PromptTooLong,
+    Speech,
+    SpeechPlan,
+    plan_speech,
 )
 from .text_head import TextHead
 
@@ -115,7 +115,7 @@ class Synthesizer:
 
     def __init__(self, config: SynthConfig, max_batch: int = 1,
                  settings: EngineSettings | None = None):  # fmt: skip
-        """SETTINGS: how the engine steps (tts/engine.py `EngineSettings`: the batch's
+        """SETTINGS: how the engine steps (delay/engine.py `EngineSettings`: the batch's
         width policy, the audio heads' backend, the text head of the ids a step needs)."""
         config.check_files()
         settings = settings or EngineSettings()
@@ -242,7 +242,7 @@ class Synthesizer:
     def synthesize(
         self, text: str, progress: ProgressReporter | None = None, **options: Any
     ) -> SynthResult:
-        """Speak TEXT whole: split into chunks where it is long (tts/speech.py), the chunks
+        """Speak TEXT whole: split into chunks where it is long (delay/speech.py), the chunks
         after the first side by side in the engine, in one voice; the result joined.
 
         Options: reference (path or array), instruction, tokens, quality, sound_event,
@@ -374,7 +374,7 @@ class Synthesizer:
 
     def chunker(self, window: StreamSettings | None = None,
                 context: np.ndarray | None = None) -> Chunker:  # fmt: skip
-        """What turns one utterance's rows into its streamed chunks (tts/speech.py);
+        """What turns one utterance's rows into its streamed chunks (delay/speech.py);
         CONTEXT as `decode_raw`'s."""
         assert self.codec is not None
         return Chunker(

@@ -7,9 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..delay.synth import synth_delay
 from ..disk.layout_names import CONFIG_NAME
 from ..gguf.first_class import FORMAT
 from ..pipeline.route import run_request
+from ..source.audio_tokenizer import DEFAULT_REPO as CODEC_REPO
 from ..verify import verify
 from .family import Family
 
@@ -20,7 +22,7 @@ def _anything(_: Any) -> bool:
 
 def _serve(settings: Any) -> Any:
     # lazy: the serve extra (fastapi, uvicorn) is imported by `serve` alone
-    from ..serve.server import serve_delay
+    from ..delay.serving import serve_delay
 
     return serve_delay(settings)
 
@@ -35,12 +37,13 @@ DELAY = Family(
     title="MOSS-TTS",
     builtin="builtin:tiny",
     synth_config=CONFIG_NAME,
+    audio_tokenizer=CODEC_REPO,
     claims_input=_anything,
     claims_folder=_anything,
     convert=run_request,
     verify=_verify,
-    # the path as it is: its synth checks the options that need no file first (a wrong
-    # --language is said before a missing config), then reads the YAML
-    read_config=Path,
+    # it checks the options that need no file first (a wrong --language is said before a
+    # missing config), then reads the YAML
+    synth=synth_delay,
     serve=_serve,
 )

@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..nano.codec_folder import DEFAULT_REPO as CODEC_REPO
 from ..nano.config import FAMILY_NAME
-from ..nano.engine import NanoFolderConfig
+from ..nano.convert import BUILTIN, convert_nano, is_nano_input
 from ..nano.layout import CONFIG_NAME
-from ..pipeline.nano import BUILTIN, convert_nano, is_nano_input
-from ..verify.nano import nano_manifest, verify_nano
+from ..nano.synth import synth_options
+from ..nano.verify import nano_manifest, verify_nano
 from .family import Family
 
 
@@ -24,7 +25,7 @@ def _verify(target: Path, source: str | None, deep: bool, progress: Any = None,
 
 def _serve(settings: Any) -> Any:
     # lazy: the serve extra (fastapi, uvicorn) is imported by `serve` alone
-    from ..serve.server import serve_nano
+    from ..nano.serving import serve_nano
 
     return serve_nano(settings)
 
@@ -34,11 +35,12 @@ NANO = Family(
     title="MOSS-TTS-Nano",
     builtin=BUILTIN,
     synth_config=CONFIG_NAME,
+    audio_tokenizer=CODEC_REPO,
     claims_input=is_nano_input,
     claims_folder=_claims_folder,
     convert=convert_nano,
     verify=_verify,
-    read_config=NanoFolderConfig.from_yaml,
+    synth=synth_options,
     serve=_serve,
     publishes=False,  # `push` publishes the delay family's folders only, for now
 )

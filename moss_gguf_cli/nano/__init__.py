@@ -8,11 +8,12 @@ rope). layout.py: the Nano folder's names, arrays and synth config; folder.py: t
 written (the F32 GGUF quantized by llama.cpp); tiny.py: builtin:tiny-nano, made without torch.
 codec_folder.py: the MOSS-Audio-Tokenizer-Nano ONNX release (its meta, the three graphs'
 names checked, decode_step's state; its Hub id and download patterns); tiny_codec.py: a tiny
-codec in that layout whose stream state is real. engine.py and its parts speak; its verify rows
-are verify/nano.py, its convert pipeline/nano.py and its serving serve/nano_worker.py until
-they move home (docs/ARCHITECTURE.md, the family interface's step 2).
+codec in that layout whose stream state is real. engine.py and its parts speak. convert.py is
+`all` for Nano (which inputs are Nano, the folder written and verified); verify.py and
+verify_deep.py its verify rows; its serving (serve/nano_worker.py) moves home with the one
+serve core (docs/ARCHITECTURE.md, the family interface's steps 2 and 3).
 
-May import: tts/, quantize/, source/, gguf/, disk/, native/ and the top level (errors,
-progress, report, hold_points) (rank 5); never verify/, doctor/, pipeline/, serve/ or cli/,
-which import it.
+May import: the stage cores (pipeline/, serve/: rank 6), verify/ and doctor/ (5), tts/,
+quantize/ (4), source/, gguf/, disk/, native/ and the top level (rank 7, a family's room);
+only the registry (families/) and cli/ import it.
 """

@@ -16,14 +16,12 @@ from pathlib import Path
 from ..errors import InputError, UsageError
 from ..gguf.first_class import FORMAT as DELAY_FORMAT
 from ..hold_points import hold
-from ..nano.checkpoint import TOKENIZER_NAME, TORCH_NAME, is_nano_folder, open_nano
-from ..nano.codec_folder import DEFAULT_REPO as CODEC_REPO
-from ..nano.codec_folder import HUB_PATTERNS as CODEC_PATTERNS
-from ..nano.codec_folder import NanoCodec, open_nano_codec
-from ..nano.folder import NanoFolder, NanoRequest, check_complete, write_nano_folder
-from ..nano.layout import DEFAULT_FILE_TYPE, FORMAT
-from ..nano.tiny import NAME as TINY_NANO
-from ..nano.tiny import ensure_tiny_nano, ensure_tiny_nano_codec_folder
+from ..pipeline.first_class import parse_formats
+from ..pipeline.made_from import MadeFrom, source_identity
+from ..pipeline.route import AllRequest
+from ..pipeline.steps import AllSettings
+from ..pipeline.summary import FolderSummary, part_sizes
+from ..pipeline.verify_failure import Written, removed_if_verify_fails, require_pass
 from ..progress import ProgressReporter, ensure
 from ..quantize.engines import Engine, parse_engine
 from ..quantize.llama import QuantizeSettings
@@ -32,12 +30,15 @@ from ..source.audio_tokenizer import NONE
 from ..source.checkpoint import BUILTIN_PREFIX, INDEX_NAME, SINGLE_NAME
 from ..source.hub import check_files, download, is_repo_id, list_files
 from ..verify import VerifyReport
-from ..verify.nano import verify_nano
-from .first_class import parse_formats
-from .made_from import MadeFrom, source_identity
-from .route import AllRequest
-from .steps import AllSettings
-from .verify_failure import Written, removed_if_verify_fails, require_pass
+from .checkpoint import TOKENIZER_NAME, TORCH_NAME, is_nano_folder, open_nano
+from .codec_folder import DEFAULT_REPO as CODEC_REPO
+from .codec_folder import HUB_PATTERNS as CODEC_PATTERNS
+from .codec_folder import NanoCodec, open_nano_codec
+from .folder import NanoFolder, NanoRequest, check_complete, write_nano_folder
+from .layout import CONFIG_NAME, DEFAULT_FILE_TYPE, FORMAT
+from .tiny import NAME as TINY_NANO
+from .tiny import ensure_tiny_nano, ensure_tiny_nano_codec_folder
+from .verify import verify_nano
 
 BUILTIN = f"{BUILTIN_PREFIX}{TINY_NANO}"
 HUB_PATTERNS = ["config.json", TORCH_NAME, SINGLE_NAME, INDEX_NAME, "model-*.safetensors",
@@ -60,6 +61,20 @@ class NanoRun:
     folder: NanoFolder
     report: VerifyReport
     notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> FolderSummary:
+        """The folder's parts, verify's counts and how to speak it (a failing verify never
+        gets here: the run removed the folder and raised)."""
+        folder, counts = self.folder, self.report.counts
+        parts = [*[g.name for g in folder.ggufs], "tables/", "local_transformer/",
+                 TOKENIZER_NAME, "audio_tokenizer/"]  # fmt: skip
+        config = folder.configs[0] if folder.configs else folder.output / CONFIG_NAME
+        return FolderSummary(
+            folder.output, f"{folder.output} (MOSS-TTS-Nano)", part_sizes(folder.files, parts),
+            [f"verify: {counts['pass']} passed, {counts['warn']} warnings, "
+             f"{counts['fail']} failed",
+             f"speak it: moss-gguf synth --config {config} --text 'Hello' -o hello.wav"],
+            [*folder.notes, *self.notes])  # fmt: skip
 
 
 def run_nano(
@@ -96,12 +111,13 @@ def run_nano(
     return NanoRun(written, report)
 
 
-def convert_nano(request: AllRequest, progress: ProgressReporter | None = None) -> NanoRun:
-    """`all` on a Nano input (the family's convert, families/nano.py): the request as asked."""
+def convert_nano(request: AllRequest, progress: ProgressReporter | None = None) -> FolderSummary:
+    """`all` on a Nano input (the family's convert, families/nano.py): the request as asked,
+    said as the CLI renders any family's folder."""
     if request.audio_tables is not None:
         raise UsageError("--audio-tables-type does not apply to MOSS-TTS-Nano")
     return run_nano(request.settings, parse_formats(request.formats), request.default_types,
-                    progress)  # fmt: skip
+                    progress).summary()  # fmt: skip
 
 
 def check_nano_settings(

@@ -43,6 +43,7 @@ from .settings import SETTING_KEYS, NanoSettings
 
 _HINT = "rerun `moss-gguf all` on the model"
 SHARED_KEPT = 8  # voices whose shared prompt rows are kept as KV state (~5-10 MB each)
+RETRY_SEED_STRIDE = 1_000_003  # a runaway chunk's retry reseeds: far from the request's seed
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ def engines_for(at_once: int, n_threads: int = 0) -> tuple[int, int]:
     """(engines, threads each) to speak AT_ONCE requests at a time: at most one engine a
     physical core (so that each request keeps at least a core's pace), each on every core
     unless N_THREADS says: the engines take turns a frame at a time on one thread
-    (serve/nano_worker.py), so one computes at a time."""
+    (nano/serving.py), so one computes at a time."""
     cores = physical_cores()
     return max(1, min(at_once, cores)), n_threads or cores
 
@@ -183,6 +184,7 @@ class ChunkResult:
     frames: int = 0
     ended: str = ""  # "stop": the model ended it; "max": max_new_tokens reached
     codes: list[np.ndarray] = field(default_factory=list)  # its frames, (n_vq,) each
+    retried: int = 0  # times it ran away and was run again (NanoSpeech's retries)
 
 
 @dataclass
@@ -372,9 +374,9 @@ class NanoEngine:
                 raise ContextTooShort(i + 1, len(chunks), rows, frames, settings, n_ctx)
         return NanoRequest(chunks, reference, settings)
 
-    def speech(self, request: NanoRequest) -> NanoSpeech:
-        """REQUEST's audio, to iterate (holding `lock`)."""
-        return NanoSpeech(self, request.chunks, request.reference, request.settings)
+    def speech(self, request: NanoRequest, retries: int = 0) -> NanoSpeech:
+        """REQUEST's audio, to iterate (holding `lock`); RETRIES: NanoSpeech's."""
+        return NanoSpeech(self, request.chunks, request.reference, request.settings, retries)
 
 
 _blas_lock = threading.Lock()
@@ -403,18 +405,23 @@ def _blas_one_thread() -> Iterator[None]:
 
 class NanoSpeech:
     """One request's audio as it is made: iterate for (channels, samples) float32 pieces;
-    `chunks` and `profile` say what happened."""
+    `chunks` and `profile` say what happened.
+
+    RETRIES: how often a runaway chunk (max_new_tokens reached though min_new_tokens left its
+    stop allowed) is run again, its generator reseeded. Its pieces are then held until the
+    chunk stands (the same pieces, later), so none of a try that is run again comes out."""
 
     def __init__(self, engine: NanoEngine, texts: list[str], reference: np.ndarray | None,
-                 settings: NanoSettings):  # fmt: skip
+                 settings: NanoSettings, retries: int = 0):  # fmt: skip
         self.engine, self.texts, self.reference, self.settings = engine, texts, reference, settings
+        self.retries = retries
         self.chunks = [ChunkResult(i, t) for i, t in enumerate(texts)]
         self.profile = NanoProfile()
-        text_params = SamplingParams(settings.text_temperature, settings.text_top_p,
-                                     settings.text_top_k)  # fmt: skip
-        audio_params = SamplingParams(settings.audio_temperature, settings.audio_top_p,
-                                      settings.audio_top_k, settings.audio_repetition_penalty)
-        self.sampler = Sampler(text_params, audio_params, settings.seed)
+        self._params = (SamplingParams(settings.text_temperature, settings.text_top_p,
+                                       settings.text_top_k),
+                        SamplingParams(settings.audio_temperature, settings.audio_top_p,
+                                       settings.audio_top_k, settings.audio_repetition_penalty))
+        self.sampler = Sampler(*self._params, settings.seed)
         self.current = 0  # the chunk being spoken
         # called once a frame (a server's check that the request is still wanted: it raises)
         self.on_frame: Callable[[], None] | None = None
@@ -435,29 +442,61 @@ class NanoSpeech:
             yield from self._pieces()
 
     def _pieces(self) -> Iterator[np.ndarray | None]:
-        engine, plan, profile = self.engine, self.engine.plan, self.profile
+        engine, profile = self.engine, self.profile
         last = len(self.texts) - 1
         for chunk in self.chunks:
             self.current = chunk.index
-            rows, shared = engine.prompt_parts(chunk.text, self.reference)
-            decoder, pending, calls = engine.codec.stream(), [], 0
-            for codes in engine.frames(rows, shared, self.settings, self.sampler, chunk,
-                                       profile):  # fmt: skip
-                if self.on_frame is not None:
-                    self.on_frame()
-                pending.append(codes)
-                take = plan.ready(calls, len(pending))
-                if take:
-                    yield self._decode(decoder, pending[:take])
-                    pending, calls = pending[take:], calls + 1
-                else:
-                    yield None
-            if pending:
-                yield self._decode(decoder, pending)
+            held: list[np.ndarray] = []
+            while True:
+                before = (profile.prompt_rows, profile.frames, profile.samples)
+                for piece in self._chunk(chunk):
+                    if self.retries and piece is not None:
+                        held.append(piece)  # out once the chunk stands
+                        piece = None
+                    yield piece
+                if not self._runs_again(chunk):
+                    break
+                held = []
+                profile.prompt_rows, profile.frames, profile.samples = before
+            yield from held
             if chunk.index < last and chunk.frames:
                 pause = round(engine.sample_rate * pause_after(chunk.text))
                 profile.samples += pause
                 yield np.zeros((engine.channels, pause), np.float32)
+
+    def _chunk(self, chunk: ChunkResult) -> Iterator[np.ndarray | None]:
+        """One try of CHUNK: its pieces as they are decoded, None after a frame that made none."""
+        engine, plan = self.engine, self.engine.plan
+        rows, shared = engine.prompt_parts(chunk.text, self.reference)
+        decoder, pending, calls = engine.codec.stream(), [], 0
+        for codes in engine.frames(rows, shared, self.settings, self.sampler, chunk,
+                                   self.profile):  # fmt: skip
+            if self.on_frame is not None:
+                self.on_frame()
+            pending.append(codes)
+            take = plan.ready(calls, len(pending))
+            if take:
+                yield self._decode(decoder, pending[:take])
+                pending, calls = pending[take:], calls + 1
+            else:
+                yield None
+        if pending:
+            yield self._decode(decoder, pending)
+
+    def _runs_again(self, chunk: ChunkResult) -> bool:
+        """Whether CHUNK ran away and has a retry left: then it is cleared for its next try and
+        the request's generator reseeded (another seed, still a function of the request's)."""
+        settings = self.settings
+        stop_allowed = settings.min_new_tokens < settings.max_new_tokens
+        if chunk.ended != "max" or not stop_allowed or chunk.retried >= self.retries:
+            return False
+        chunk.retried += 1
+        chunk.frames, chunk.ended, chunk.codes = 0, "", []
+        seed = settings.seed
+        if seed is not None:
+            seed = (seed + chunk.index + RETRY_SEED_STRIDE * chunk.retried) % 2**63
+        self.sampler = Sampler(*self._params, seed)
+        return True
 
     def _decode(self, decoder, frames: list[np.ndarray]) -> np.ndarray:
         t = time.perf_counter()

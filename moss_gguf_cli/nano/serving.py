@@ -1,26 +1,24 @@
-"""The worker of a server that speaks MOSS-TTS-Nano: the Scheduler's surface (speak, stream,
-encode_voice, the queue's gauges, shutdown) over nano/engine.NanoEngine.
+"""`serve` for MOSS-TTS-Nano: its folder loaded into the one serve core (serve/scheduler.py)
+as a stepper over nano/engine.NanoEngine, and its requests built from OpenAI's fields.
 
 Each engine speaks one request at a time (it holds one KV sequence); the server loads as many
-engines as requests it speaks at once (server._load_nano: at most one a core), and the others
-wait in arrival order. One worker thread steps every running request a frame at a time in
+engines as requests it speaks at once (at most one a core), and the others wait in arrival
+order. The serve core's one worker thread steps every running request a frame at a time in
 turn, each on its own engine with every core: a lone request has the whole machine, two share
 it, and llama.cpp's OpenMP threads only ever serve one caller (threads of two callers on 2
 cores made each frame wait on the kernel: a lone request 1.7x slower, measured). Each frame
-asks whether the request is still wanted, so a client that leaves or a server that stops ends
-it within a frame. A whole answer is the streamed pieces joined: the same engine output, the
-same bytes. A request is checked whole as it comes (every chunk against n_ctx): one that could
-not finish is a 400 before it waits, never a frame made and then lost.
+asks whether the request is still wanted (the core's Watch), so a client that leaves or a
+server that stops ends it within a frame. A whole answer is the streamed pieces joined: the
+same engine output, the same bytes. A request is checked whole as it comes (every chunk
+against n_ctx): one that could not finish is a 400 before it waits, never a frame made and
+then lost. A chunk that runs to max_new_tokens though its stop was allowed is run again with
+another seed, up to --runaway-retries times, in a whole answer (a stream's audio is out as it
+is made, so it keeps its first try, as the delay family's head chunk does).
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import logging
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,27 +27,30 @@ from typing import Any
 import numpy as np
 
 from ..errors import UsageError
-from ..hold_points import hold
-from ..nano.engine import NanoEngine, NanoProfile, NanoRequest
-from .api_errors import ApiError, QueueFull, ShuttingDown
-from .failures import Cancelled, api_error
-from .scheduler import Delta, SpeechJob, SpeechStream, Watchdog, settle
-from .schemas import SpeechRequest
-from .settings import DEFAULT_VOICE, OPENAI_VOICES
+from ..serve.api_errors import ApiError
+from ..serve.output import StereoOut
+from ..serve.routes import Service
+from ..serve.schemas import SpeechRequest
+from ..serve.server import Served, open_service
+from ..serve.settings import DEFAULT_VOICE, OPENAI_VOICES, ServeSettings
+from ..serve.stepper import Delta, Finished, ServedModel, SpeechJob, Watch
+from .engine import (
+    ContextTooShort,
+    NanoEngine,
+    NanoFolderConfig,
+    NanoProfile,
+    NanoRequest,
+    engines_for,  # fmt: skip
+)
 
-log = logging.getLogger(__name__)
 VARIANT = "MOSS-TTS-Nano"
 
 
-@dataclass(frozen=True)
-class NanoInfo:
-    """What the routes and the start line read of the model (the delay Synthesizer's `info`)."""
+@dataclass
+class NanoJob(SpeechJob):
+    """One request, as NanoEngine.prepare takes it."""
 
-    variant: str
-    n_vq: int
-    sampling_rate: int
-    channels: int
-    frame_samples: int
+    min_new_tokens: int | None = None  # frames before its stop is allowed
 
 
 @dataclass
@@ -89,123 +90,68 @@ class NanoServeResult:
         return np.concatenate(self.pieces, axis=1)
 
 
+def serve_nano(settings: ServeSettings) -> Served:
+    """A MOSS-TTS-Nano folder (its config read now, loaded after the bind)."""
+    if settings.lora:
+        raise UsageError("--lora adapters are for the delay models' backbone; a MOSS-TTS-Nano "
+                         "folder takes none", hint="leave --lora out")  # fmt: skip
+    config = NanoFolderConfig.from_yaml(settings.config)
+    return Served(Path(config.global_gguf).name, lambda: _load(settings, config))
+
+
+def _load(settings: ServeSettings, config: NanoFolderConfig) -> Service:
+    """--max-batch requests at once, at most one a core, each on an engine of its own with the
+    cores shared out (threads beyond the cores spin against each other); 48 kHz stereo."""
+    width, threads = engines_for(settings.max_batch, config.n_threads)
+    engines: list[NanoEngine] = []
+    try:
+        for _ in range(width):
+            engines.append(NanoEngine(config, n_threads=threads))
+        created = int(config.global_gguf.stat().st_mtime)
+    except BaseException:
+        for loaded in engines:
+            loaded.close()
+        raise
+    stepper = NanoStepper(engines, settings.runaway_retries)
+    info = stepper.info
+    return open_service(settings, stepper, created, model_id=VARIANT.lower(), job_for=nano_job,
+                        out=StereoOut(info.sample_rate, info.channels))  # fmt: skip
+
+
 @dataclass(eq=False)
-class _Task:
-    kind: str  # "speech" or "voice"
-    job: SpeechJob | None = None
-    clip: Path | None = None
-    request: NanoRequest | None = None  # a speech's, checked as it came (_admit)
-    on_audio: Callable[[Delta], None] | None = None
-    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-    cancel: threading.Event = field(default_factory=threading.Event)
+class _Turn:
+    """A running request: its engine and the generator that speaks it a frame a step."""
+
+    task: Any
+    engine: NanoEngine
+    steps: Generator[None, None, NanoServeResult]
 
 
-class _EngineView:
-    """`scheduler.tts` as the routes, metrics and start line read it."""
+class NanoStepper:
+    """ENGINES (each a loaded NanoEngine with its own contexts over the same mmapped weights)
+    speak that many requests at once, taking turns a frame at a time."""
 
-    def __init__(self, engines: list[NanoEngine]):
+    def __init__(self, engines: list[NanoEngine], retries: int = 0):
+        self.engines, self.retries = engines, retries
         engine = engines[0]
-        self._engines = engines
-        self.info = NanoInfo(VARIANT, engine.nano.n_vq, engine.sample_rate, engine.channels,
-                             engine.frame_samples)  # fmt: skip
-        self.engine = self  # metrics read tts.engine.active
-        self.active: list[Any] = []
-        self.width = len(engines)
-        self.adapters: dict[str, Any] = {}  # no LoRA adapters: /v1/models lists none
-
-    def close(self) -> None:
-        for engine in self._engines:
-            engine.close()
-
-
-class NanoScheduler:
-    """ENGINES (each a loaded NanoEngine with its own llama.cpp contexts over the same mmapped
-    weights) speak that many requests at once, taking turns a frame at a time on one worker
-    thread; the rest wait in arrival order."""
-
-    def __init__(
-        self,
-        engines: list[NanoEngine],
-        max_queue: int,
-        on_speech: Callable[[Any], None] | None = None,
-        stall_s: float = 300.0,
-    ):
-        self.engines = engines
-        self.tts = _EngineView(engines)
-        self.max_queue, self.stall_s = max_queue, stall_s
-        self.retries = 0
-        self.batch_max = 0  # the most requests spoken at once
-        self._on_speech = on_speech
-        self._cond = threading.Condition()
-        self._waiting: deque[_Task] = deque()
-        self._running: list[_Task] = []
-        self._beat = time.monotonic()
-        self._closing = False
-        self._threads = [threading.Thread(target=self._work, daemon=True,
-                                          name="moss-gguf-nano")]  # fmt: skip
-        self._watchdog = Watchdog(self)  # the delay family's, the same
-
-    # -- gauges
+        self.info = ServedModel(VARIANT, engine.nano.n_vq, engine.sample_rate, engine.channels,
+                                engine.frame_samples)  # fmt: skip
+        self.stepped = 0
+        self.last_progress = time.monotonic()
+        self._free = list(engines)
+        self._turns: list[_Turn] = []
 
     @property
-    def waiting(self) -> int:
-        return len(self._waiting)
+    def free(self) -> int:
+        return len(self._free)
 
     @property
     def busy(self) -> bool:
-        return bool(self._running)
+        return bool(self._turns)
 
-    @property
-    def speaking(self) -> int:
-        """Requests being spoken now."""
-        return len(self._running)
-
-    @property
-    def closing(self) -> bool:
-        return self._closing
-
-    @property
-    def idle_s(self) -> float:
-        return time.monotonic() - self._beat if self._running else 0.0
-
-    @property
-    def stalled(self) -> bool:
-        return self.idle_s > self.stall_s
-
-    def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
-        self._watchdog.start()
-
-    def tasks(self) -> tuple[list[_Task], list[_Task]]:
-        """(running, waiting), as they are now (the watchdog's view)."""
-        with self._cond:
-            return list(self._running), list(self._waiting)
-
-    # -- what routes call
-
-    async def speak(self, job: SpeechJob) -> NanoServeResult:
-        result = await self._submit(_Task("speech", job, request=self._admit(job)))
-        if self._on_speech is not None:
-            self._on_speech(result.profile)
-        return result
-
-    def stream(self, job: SpeechJob, loop: asyncio.AbstractEventLoop) -> SpeechStream:
-        request = self._admit(job)
-        stream = SpeechStream(loop, self._on_speech)
-        task = _Task("speech", job, request=request, on_audio=stream.put)
-        stream.task = task
-        task.future.add_done_callback(stream.finished)
-        self._enqueue(task)
-        return stream
-
-    async def encode_voice(self, clip: Path) -> np.ndarray:
-        return await self._submit(_Task("voice", clip=clip))
-
-    def _admit(self, job: SpeechJob) -> NanoRequest:
-        """JOB's chunks and settings, checked as it comes (every chunk's length against
-        n_ctx): a request that cannot be spoken whole is a 400 now, before it waits or makes a
-        frame, and a stream's before its status is sent. Tokenizing the text is all it costs."""
+    def prepare(self, job: NanoJob) -> NanoRequest:
+        """JOB's chunks and settings, every chunk's length checked against n_ctx (tokenizing
+        the text is all it costs)."""
         engine = self.engines[0]  # the engines share one folder and n_ctx
         settings = engine.config.settings.override(
             **(job.sampling or {}), max_new_tokens=job.max_new_tokens,
@@ -215,118 +161,58 @@ class NanoScheduler:
         except UsageError as exc:  # min_new_tokens above the folder's max: the route can't see it
             raise ApiError(400, exc.message, param="min_new_tokens",
                            code="invalid_value") from None  # fmt: skip
-        except Exception as exc:  # noqa: BLE001 - answered as the worker answers it
-            raise api_error(exc, "speech", job) from None
 
-    # -- lifetime
+    def admits(self, request: NanoRequest, busy: bool) -> bool:
+        return True  # any request may run beside another
 
-    def shutdown(self) -> None:
-        with self._cond:
-            if self._closing:
-                return
-            self._closing = True
-            dropped, running = list(self._waiting), list(self._running)
-            self._waiting.clear()
-            self._cond.notify_all()
-        for task in [*dropped, *running]:
-            task.cancel.set()
-            settle(task.future, error=ShuttingDown())
+    def start(self, task: Any, request: NanoRequest, watch: Watch,
+              on_audio: Callable[[Delta], None] | None) -> None:  # fmt: skip
+        engine = self._free.pop(0)
+        self._turns.append(_Turn(task, engine, self._speech(engine, request, watch, on_audio)))
 
-    def close(self, timeout: float = 10.0) -> None:
-        self.shutdown()
-        for thread in self._threads:
-            if thread.is_alive():
-                thread.join(timeout)
-        if any(thread.is_alive() for thread in self._threads):
-            log.warning("a running request did not stop in %.0f s; leaving it", timeout)
-            return
-        self.tts.close()
-
-    # -- inside
-
-    def _enqueue(self, task: _Task) -> None:
-        with self._cond:
-            if self._closing:
-                raise ShuttingDown()
-            free = len(self.engines) - len(self._running)
-            if len(self._waiting) + 1 - free > self.max_queue:
-                raise QueueFull(self.max_queue)
-            self._waiting.append(task)
-            self._cond.notify()
-
-    async def _submit(self, task: _Task) -> Any:
-        self._enqueue(task)
-        try:
-            return await asyncio.wrap_future(task.future)
-        except asyncio.CancelledError:
-            task.cancel.set()  # the client left: dropped if waiting, stopped if running
-            raise
-
-    def _work(self) -> None:
-        free = list(self.engines)
-        turns: list[tuple[_Task, NanoEngine, Generator[None, None, Any]]] = []
-        while True:
-            started = []
-            with self._cond:
-                while not self._waiting and not turns and not self._closing:
-                    self._cond.wait()
-                if self._closing:
-                    break
-                while self._waiting and free:
-                    task, engine = self._waiting.popleft(), free.pop(0)
-                    self._running.append(task)
-                    self.batch_max = max(self.batch_max, len(self._running))
-                    started.append((task, engine))
-            self._beat = time.monotonic()
-            for task, engine in started:
-                if task.cancel.is_set():
-                    self._finish(task, engine, free, error=Cancelled())
-                elif task.kind == "voice":  # a clip's encoding, at once
-                    self._step(task, engine, free, lambda e=engine, c=task.clip:
-                               e.reference_codes(c))  # fmt: skip
-                else:
-                    turns.append((task, engine, self._speech(engine, task)))
-            for turn in list(turns):
-                task, engine, steps = turn
-                if not self._step(task, engine, free, lambda s=steps: next(s)):
-                    turns.remove(turn)
-        for _, _, steps in turns:
-            steps.close()  # the engines' locks let go
-
-    def _step(self, task: _Task, engine: NanoEngine, free: list[NanoEngine],
-              call: Callable[[], Any]) -> bool:  # fmt: skip
-        """CALL for TASK; False once TASK is answered (its result, or its failure)."""
-        try:
-            value = call()
-            if task.kind == "speech":
-                return True
-        except StopIteration as done:
-            value = done.value
-        except BaseException as exc:  # noqa: BLE001 - every failure answers its request
-            self._finish(task, engine, free, error=api_error(exc, task.kind, task.job))
-            return False
-        self._finish(task, engine, free, value)
-        return False
-
-    def _finish(self, task: _Task, engine: NanoEngine, free: list[NanoEngine], value: Any = None,
-                error: Exception | None = None) -> None:  # fmt: skip
-        settle(task.future, value, error)
-        with self._cond:
-            self._running.remove(task)
+    def step(self) -> list[Finished]:
+        finished: list[Finished] = []
+        self.stepped = len(self._turns)
+        for turn in list(self._turns):
+            try:
+                next(turn.steps)
+                continue
+            except StopIteration as done:
+                finished.append((turn.task, done.value, None))
+            except BaseException as exc:  # noqa: BLE001 - every failure answers its request
+                finished.append((turn.task, None, exc))
+            self._turns.remove(turn)
             # the engine freed last speaks next: a lone client's voice finds its shared
             # prompt rows kept there (each engine keeps its own)
-            free.insert(0, engine)
+            self._free.insert(0, turn.engine)
+        return finished
 
-    def _speech(self, engine: NanoEngine, task: _Task) -> Generator[None, None, NanoServeResult]:
-        """TASK spoken a frame a step; the result is the generator's return value."""
-        assert task.request is not None
-        speech = engine.speech(task.request)
+    def stop(self, error: BaseException) -> None:
+        for turn in self._turns:
+            turn.steps.close()  # the engines' locks let go
+            self._free.insert(0, turn.engine)
+        self._turns = []
+
+    def encode_voice(self, clip: Path) -> np.ndarray:
+        return self.engines[0].reference_codes(clip)  # the codec's encoder: no KV touched
+
+    def explain(self, error: BaseException, job: Any) -> ApiError | None:
+        return _context_too_short(error) if isinstance(error, ContextTooShort) else None
+
+    def close(self) -> None:
+        for engine in self.engines:
+            engine.close()
+
+    def _speech(self, engine: NanoEngine, request: NanoRequest, watch: Watch,
+                on_audio: Callable[[Delta], None] | None,
+                ) -> Generator[None, None, NanoServeResult]:  # fmt: skip
+        """REQUEST spoken a frame a step; the result is the generator's return value. A
+        whole answer may run a runaway chunk again; a stream's pieces are out as made."""
+        speech = engine.speech(request, retries=0 if on_audio else self.retries)
 
         def on_frame() -> None:
-            self._beat = time.monotonic()
-            hold("serve")  # a test's fixed point: a request is generating
-            if task.cancel.is_set():
-                raise Cancelled()
+            self.last_progress = time.monotonic()
+            watch.frame()
 
         speech.on_frame = on_frame
         pieces = []
@@ -334,8 +220,8 @@ class NanoScheduler:
             for piece in speech.steps():
                 if piece is not None:
                     pieces.append(piece)
-                    if task.on_audio is not None:
-                        task.on_audio(Delta(piece, speech.current + 1, len(speech.chunks), []))
+                    if on_audio is not None:
+                        on_audio(Delta(piece, speech.current + 1, len(speech.chunks), []))
                 yield
         if not speech.frames:
             raise ApiError(422, "the model stopped before its first frame, so there is no "
@@ -347,8 +233,20 @@ class NanoScheduler:
         return NanoServeResult(pieces, profile, speech.chunks, runaways)
 
 
-def nano_job(service: Any, body: SpeechRequest) -> SpeechJob:
-    """A MOSS-TTS-Nano request (routes.Service.own_job): the text, a stored voice or the
+def _context_too_short(exc: ContextTooShort) -> ApiError:
+    """A request longer than the server's context, refused before its first frame: the field
+    to change (the server's n_ctx is not the client's)."""
+    where = "input" if exc.chunks == 1 else f"chunk {exc.chunk} of {exc.chunks} of input"
+    fix = exc.advice(more_ctx=None, shorter="use a shorter voice") or "shorten input"
+    param = "max_new_tokens" if exc.room >= 1 else "voice" if exc.reference_frames else "input"
+    return ApiError(400, f"{where} needs {exc.needed:,} positions (its prompt {exc.prompt:,} + "
+                    f"max_new_tokens {exc.max_new_tokens:,} - 1), this server holds "
+                    f"{exc.n_ctx:,}; {fix}", param=param,
+                    code="context_length_exceeded")  # fmt: skip
+
+
+def nano_job(service: Service, body: SpeechRequest) -> NanoJob:
+    """A MOSS-TTS-Nano request (routes.Service.job_for): the text, a stored voice or the
     model's own, sampling; the delay models' fields refused by name."""
     for name in ("instructions", "language", "voices", "lora"):
         if getattr(body, name) is not None:
@@ -361,6 +259,6 @@ def nano_job(service: Any, body: SpeechRequest) -> SpeechJob:
         raise ApiError(400, f"min_new_tokens {body.min_new_tokens} is above max_new_tokens "
                        f"{body.max_new_tokens}", param="min_new_tokens",
                        code="invalid_value")  # fmt: skip
-    return SpeechJob(text=body.input, reference_codes=codes, seed=body.seed,
-                     max_new_tokens=body.max_new_tokens, sampling=body.sampling(),
-                     min_new_tokens=body.min_new_tokens)  # fmt: skip
+    return NanoJob(text=body.input, reference_codes=codes, seed=body.seed,
+                   max_new_tokens=body.max_new_tokens, sampling=body.sampling(),
+                   min_new_tokens=body.min_new_tokens)  # fmt: skip

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
+from ..doctor import preflight
 from ..errors import InputError, OutputError, UsageError
+from ..quantize.engines import Engine
+from ..tts.spoken import Spoken, Table, read_text, refuse_options, sink_of
 from ..tts.streaming import pcm16, wav_header
 from .engine import (
     ContextTooShort,
@@ -140,3 +143,55 @@ def _write_stream(speech: NanoSpeech, sink: BinaryIO, fmt: str, engine: NanoEngi
     if not speech.frames:
         raise _no_audio(speech)
     return samples
+
+
+# the options of `synth` a Nano folder does not take (the delay models'), and its sampling ones
+REFUSED = {"--reference-text": "reference_text", "--instruction": "instruction",
+           "--language": "language", "--tokens": "tokens", "--quality": "quality",
+           "--sound-event": "sound_event", "--ambient-sound": "ambient_sound",
+           "--heads-backend": "heads_backend", "--n-gpu-layers": "n_gpu_layers",
+           "--flash-attn": "flash_attn", "--dry-run": "dry_run", "--json": "as_json",
+           "--lora": "lora"}  # fmt: skip
+SAMPLING = ("max_new_tokens", "min_new_tokens", "text_temperature", "text_top_p", "text_top_k",
+            "audio_temperature", "audio_top_p", "audio_top_k", "audio_repetition_penalty",
+            "seed")  # fmt: skip
+
+
+def synth_options(config: Path, o: dict[str, Any], progress: Any = None) -> Spoken:
+    """`synth` on the Nano folder whose synth config is CONFIG, the command's options O: the
+    options it takes applied, the delay models' refused in one line; 48 kHz stereo, a WAV, or
+    16-bit PCM as it is made (--stream)."""
+    folder = NanoFolderConfig.from_yaml(config)
+    refuse_options(o, REFUSED, "MOSS-TTS-Nano", "Nano takes the text, one --reference clip, "
+                   "the sampling options, --seed and --min/--max-new-tokens")  # fmt: skip
+    if len(o["reference"] or []) > 1:
+        raise UsageError("MOSS-TTS-Nano clones one voice: give one --reference clip")
+    words = read_text(o["text"], o["text_file"])
+    settings = folder.settings.override(**{name: o[name] for name in SAMPLING})
+    sink, fmt = sink_of(o["output"], o["stream"])
+    preflight(needs_quantize=False, needs_runtime=True, output=o["output"], needed_bytes=None,
+              llama_cpp=None, engine=Engine.AUTO)  # fmt: skip
+    reference = (o["reference"] or [None])[0]
+    result = nano_synth(folder, sink, words or "", reference, settings, fmt, o["threads"],
+                        o["n_ctx"])  # fmt: skip
+    p, chunks = result.profile, len(result.speech.chunks)
+    rtf = p.total_s / result.seconds if result.seconds else 0.0
+    more = f" ({chunks} chunks)" if chunks > 1 else ""
+    summary = (f"{p.frames} frames, {result.seconds:.2f} s of {result.sample_rate // 1000} kHz "
+               f"{'stereo' if result.channels == 2 else 'mono'} audio in {p.total_s:.1f} s "
+               f"(real-time factor {rtf:.2f}){more}")  # fmt: skip
+    warnings = [f"chunk {c.index + 1} of {chunks} reached --max-new-tokens ({c.frames} frames) "
+                "before the model ended it" for c in result.speech.chunks if c.ended == "max"]
+    return Spoken(result.output, summary, warnings, _profile(p, rtf) if o["profile"] else None)
+
+
+def _profile(p: NanoProfile, rtf: float) -> Table:
+    per = 1000.0 / max(1, p.frames)
+    rows = [["prompt rows", str(p.prompt_rows)],
+            ["prefill", f"{p.prefill_s:.3f} s"],
+            ["global / frame", f"{p.global_s * per:.2f} ms"],
+            ["local + heads + sampling / frame", f"{p.local_s * per:.2f} ms"],
+            ["codec decode / frame", f"{p.decode_s * per:.2f} ms"],
+            ["frames", f"{p.frames} ({p.frames / max(p.total_s, 1e-9):.1f}/s)"],
+            ["real-time factor", f"{rtf:.3f}"]]  # fmt: skip
+    return Table("synth profile (MOSS-TTS-Nano)", ["measure", "value"], rows)

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..source.tiny_codec import code_nodes
+
 SAMPLE_RATE = 48_000
 CHANNELS = 2
 FRAME = 3_840  # samples a frame per channel: 12.5 frames a second
@@ -123,13 +125,7 @@ def encode_model():
         helper.make_node("Reshape", ["padded", "by_frame"], ["b2nf"]),  # (B, 2, N, 3840)
         helper.make_node("Transpose", ["b2nf"], ["bn2f"], perm=[0, 2, 1, 3]),
         helper.make_node("Reshape", ["bn2f", "flat_frames"], ["frames"]),  # (B, N, 7680)
-        helper.make_node("MatMul", ["frames", "analysis"], ["features"]),
-        helper.make_node("Tanh", ["features"], ["squashed"]),
-        helper.make_node("Mul", ["squashed", "half_range"], ["scaled"]),
-        helper.make_node("Add", ["scaled", "half_range"], ["shifted"]),
-        helper.make_node("Floor", ["shifted"], ["floored"]),
-        helper.make_node("Clip", ["floored", "low", "high"], ["clipped"]),
-        helper.make_node("Cast", ["clipped"], ["audio_codes"], to=TensorProto.INT32),
+        *code_nodes("analysis", "", "audio_codes", TensorProto.INT32),
         # ⌈length / 3840⌉ frames hold a clip's samples
         helper.make_node("Add", ["input_lengths", "frame_less_one32"], ["rounded_up"]),
         helper.make_node("Div", ["rounded_up", "frame32"], ["audio_code_lengths"]),

@@ -25,19 +25,19 @@ import numpy as np
 from ..disk.confine import boundary, confined, table_header
 from ..errors import InputError, UsageError
 from ..gguf.read import GgufFile, GgufFormatError, read_gguf
-from ..nano.checkpoint import NanoCheckpoint, expected_shapes, open_nano, tokenizer_problem
-from ..nano.codec_folder import open_nano_codec
-from ..nano.config import NanoConfig
-from ..nano.global_gguf import ARCH, global_array, plan_global_tensors
-from ..nano.layout import FORMAT, array_files, array_of
-from ..nano.tiny import ensure_tiny_nano
 from ..report import Rows
 from ..source.checkpoint import BUILTIN_PREFIX
-from .manifest import format_manifest, manifest_problems
-from .nano_deep import deep_rows
-from .quality import tensor_threshold
-from .result import GROUPS, VerifyReport
-from .tensors import dequantize_rows
+from ..verify.manifest import format_manifest, manifest_problems
+from ..verify.quality import tensor_threshold
+from ..verify.result import GROUPS, VerifyReport
+from ..verify.tensors import dequantize_rows
+from .checkpoint import NanoCheckpoint, expected_shapes, open_nano, tokenizer_problem
+from .codec_folder import open_nano_codec
+from .config import NanoConfig
+from .global_gguf import ARCH, global_array, plan_global_tensors
+from .layout import FORMAT, array_files, array_of
+from .tiny import ensure_tiny_nano
+from .verify_deep import deep_rows
 
 KIND = "nano"
 YAML_PATHS = ("global_gguf", "tables_dir", "local_dir", "tokenizer", "audio_tokenizer_dir")

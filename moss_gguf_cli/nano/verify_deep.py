@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..nano.checkpoint import NanoCheckpoint
-from ..nano.global_gguf import write_global_f32
 from ..report import Rows
-from .deep import llama_hidden
-from .quality import DEEP_THRESHOLDS, deep_class
+from ..verify.deep import llama_hidden
+from ..verify.quality import DEEP_THRESHOLDS, deep_class
+from .checkpoint import NanoCheckpoint
+from .global_gguf import write_global_f32
 
 TEXT_ROWS, FRAME_ROWS = 16, 16
 

@@ -11,7 +11,7 @@
 - moss_gguf_streams_abandoned_total             streamed requests whose client left midway
 - moss_gguf_batch_size                          requests generating together now
 - moss_gguf_batch_size_max                      the most that ever generated together
-- moss_gguf_text_chunks_total                   chunks long inputs were spoken in (tts/speech.py)
+- moss_gguf_text_chunks_total                   chunks long inputs were spoken in (delay/speech.py)
 - moss_gguf_runaway_chunks_total                chunks that reached their step budget without
                                                 ending, their retry included (audio may be cut)
 - moss_gguf_prompt_rows_total{prefill}          prompt rows fed to the backbone: "computed", or
@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -30,8 +31,6 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-
-from ..tts import SynthProfile
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 # a request of the real model runs from under a second (a word, cloned voice cached) to minutes
@@ -103,7 +102,9 @@ class Metrics:
         self.requests.labels(label, str(status)).inc()
         self.latency.labels(label).observe(seconds)
 
-    def observe_speech(self, profile: SynthProfile) -> None:
+    def observe_speech(self, profile: Any) -> None:
+        """A finished speech's figures (the stepper's result's profile: tts.SynthProfile's
+        names)."""
         generation = profile.prefill_s + profile.embed_s + profile.backbone_s
         generation += profile.heads_s + profile.sampling_s
         self.audio_seconds.inc(profile.audio_s)

@@ -1,7 +1,7 @@
 """The FastAPI app: OpenAI's speech routes, the voices, models, health and metrics.
 
 Routes check what a request asks for (model, voice, input, limits), hand the work to the
-Scheduler and turn its result into bytes; they never call the synthesizer. Every failure is an
+Scheduler and turn its result into bytes; they never touch the model. Every failure is an
 OpenAI error object (api_errors.ApiError); an unexpected one is a 500 whose log line has no
 traceback unless MOSS_GGUF_DEBUG=1. With an API key, every route under /v1 needs
 `Authorization: Bearer KEY`; /health and /metrics stay open for probes and scrapers, as vLLM
@@ -18,6 +18,7 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,21 +32,14 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from ..errors import InputError, is_debug
-from ..tts import Speaker
-from ..tts.codec import FRAME_SAMPLES
-from ..tts.language import language_name, languages
-from ..tts.prompt import SPEAKER_TAG
+from ..errors import is_debug
 from . import audio
-from .adapters import request_lora
 from .api_errors import ApiError, error_response
 from .metrics import CONTENT_TYPE, Metrics
 from .origins import Gate, HostPolicy
-from .output import MonoOut
-from .scheduler import Scheduler, SpeechJob
+from .scheduler import Scheduler
 from .schemas import SpeechRequest, parse_speech, validation_error
 from .settings import (
-    DEFAULT_VOICE,
     MAX_BODY_BYTES,
     MAX_FORM_BYTES,
     MAX_INPUT_CHARS,
@@ -53,7 +47,6 @@ from .settings import (
     MAX_UPLOAD_BYTES,
     MAX_VOICE_TEXT_CHARS,
     OPENAI_MODELS,
-    OPENAI_VOICES,
     ServeSettings,
 )
 from .streams import CUT, StreamCut, stream_speech, unless_gone, wants_stream
@@ -63,30 +56,40 @@ from .voices import VoiceStore
 log = logging.getLogger(__name__)
 
 
+# a family's request builder: (the Service, the request body) → the job its stepper speaks,
+# or the ApiError of the first field it does not take
+JobFor = Callable[["Service", SpeechRequest], Any]
+
+
 @dataclass
 class Service:
-    """What the routes share: one per server."""
+    """What the routes share: one per server. The family's part is data (server.open_service
+    gets it from the family's loader): its request builder, its output, its languages."""
 
     settings: ServeSettings
     scheduler: Scheduler
     voices: VoiceStore
     metrics: Metrics
     model_id: str  # e.g. moss-tts
-    rate: int  # the model's sample rate
     created: int  # when the weights were made (for /v1/models)
+    job_for: JobFor  # the family's request → job (the fields it takes)
+    out: Any  # output.MonoOut / StereoOut: the audio as each format's bytes
     on_ready: Any = None  # called once the server accepts requests
-    out: Any = None  # output.MonoOut / StereoOut: the audio as each format's bytes
-    frame_s: float = FRAME_SAMPLES / 24_000  # seconds an audio frame holds
-    # a family's own request → job (the fields it takes; serve/nano_worker.nano_job); none:
-    # the delay family's, below
-    own_job: Any = None
-    takes_language: bool = True  # False: /v1/audio/languages is a 404, the page hides it
+    # what `language` takes (GET /v1/audio/languages); None: a 404, and the page hides it
+    languages: Callable[[], list[dict[str, Any]]] | None = None
+    lora: tuple[str, ...] = ()  # the LoRA adapters a request may name (/v1/models lists them)
 
-    def __post_init__(self) -> None:
-        if self.out is None:
-            self.out = MonoOut(self.rate)
+    @property
+    def rate(self) -> int:
+        """The model's sample rate."""
+        return self.scheduler.info.sample_rate
 
-    def speech_job(self, body: SpeechRequest) -> SpeechJob:
+    @property
+    def frame_s(self) -> float:
+        """Seconds an audio frame holds."""
+        return self.scheduler.info.frame_s
+
+    def speech_job(self, body: SpeechRequest) -> Any:
         """The job BODY asks for, or the ApiError of the first thing wrong with it."""
         if body.model != self.model_id and body.model not in OPENAI_MODELS:
             raise ApiError(404, f"model {body.model!r} is not served here; use {self.model_id!r} "
@@ -102,61 +105,7 @@ class Service:
             raise ApiError(413, f"instructions is {len(body.instructions)} characters, the "
                            f"limit is {MAX_INSTRUCTIONS_CHARS}; shorten it",
                            param="instructions", code="instructions_too_long")  # fmt: skip
-        if self.own_job is not None:
-            return self.own_job(self, body)
-        if body.min_new_tokens is not None:
-            raise ApiError(400, "min_new_tokens is MOSS-TTS-Nano's; this model ends its "
-                           "speech on its own", param="min_new_tokens",
-                           code="unsupported_value")  # fmt: skip
-        try:
-            language = language_name(body.language)
-        except InputError as exc:
-            hint = f" ({exc.hint})" if exc.hint else ""
-            raise ApiError(400, exc.message + hint, param="language",
-                           code="invalid_value") from None  # fmt: skip
-        codes, speakers = None, self.dialogue_voices(body)
-        custom = body.voice_name != DEFAULT_VOICE and body.voice_name not in OPENAI_VOICES
-        if custom and not speakers:
-            codes = self.voices.load(body.voice_name).codes
-        return SpeechJob(
-            text=body.input,
-            reference_codes=codes,
-            instruction=body.instructions or None,
-            seed=body.seed,
-            max_new_tokens=body.max_new_tokens,
-            sampling=body.sampling(),
-            language=language,
-            speakers=speakers,
-            lora=request_lora(body.lora, self.scheduler.tts.adapters),
-        )
-
-    def dialogue_voices(self, body: SpeechRequest) -> list[Speaker] | None:
-        """MOSS-TTSD: the stored voices, one per speaker in order, each with what its clip
-        says (a `voice` alone is speaker S1); None for the other models, which take `voice`."""
-        variant = self.scheduler.tts.info.variant
-        if variant != "MOSS-TTSD":
-            if body.voices is not None:
-                raise ApiError(400, f"voices (one per speaker) is for MOSS-TTSD dialogues; "
-                               f"this server speaks {variant}: send one voice",
-                               param="voices", code="invalid_value")  # fmt: skip
-            return None
-        if not SPEAKER_TAG.search(body.input):
-            raise ApiError(400, "input is a MOSS-TTSD dialogue and needs speaker tags: "
-                           "[S1] Hello. [S2] Hi!", param="input", code="invalid_value")  # fmt: skip
-        names, param = body.voices, "voices"
-        if names is None:
-            if body.voice_name == DEFAULT_VOICE or body.voice_name in OPENAI_VOICES:
-                return None  # a dialogue in voices of the model's choosing
-            names, param = [body.voice_name], "voice"
-        speakers = []
-        for number, name in enumerate(names, start=1):
-            voice = self.voices.load(name, param=param)
-            if not voice.text:
-                raise ApiError(400, f"voice {name!r} (speaker S{number}) has no transcript; "
-                               "register it again with the form field text: what the clip says",
-                               param=param, code="invalid_value")  # fmt: skip
-            speakers.append(Speaker(text=voice.text, codes=voice.codes))
-        return speakers
+        return self.job_for(self, body)
 
     def render(self, result, fmt: str, speed: float) -> bytes:
         return self.out.whole(result, fmt, speed)
@@ -264,7 +213,7 @@ def _speech_routes(app: FastAPI, service: Service) -> None:
     async def models() -> dict[str, Any]:
         entry = {"id": service.model_id, "object": "model", "created": service.created,
                  "owned_by": "moss-gguf",
-                 "lora": sorted(service.scheduler.tts.adapters)}  # fmt: skip
+                 "lora": sorted(service.lora)}  # fmt: skip
         return {"object": "list", "data": [entry]}
 
     @app.get("/health")
@@ -309,12 +258,12 @@ def _voice_routes(app: FastAPI, service: Service) -> None:
         voice = await run_in_threadpool(service.voices.save, name, codes, text, replace)
         return voice.to_dict(frame_s)
 
-    if service.takes_language:  # a 404 otherwise tells the page to hide the selector
+    languages = service.languages
+    if languages is not None:  # a 404 otherwise tells the page to hide the selector
         @app.get("/v1/audio/languages")
         async def list_languages() -> dict[str, Any]:
             # what `language` takes; a client fills its selector from it (auto: no tag)
-            return {"object": "list", "auto": "auto",
-                    "data": [x.to_dict() for x in languages()]}  # fmt: skip
+            return {"object": "list", "auto": "auto", "data": languages()}
 
     @app.get("/v1/audio/voices")
     async def list_voices() -> dict[str, Any]:

@@ -15,8 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..tts.config import SAMPLING_KEYS
-from ..tts.sampling import PENALTY_RANGE, TEMPERATURE_MAX, TOP_K_MAX
+from ..tts.sampling import PENALTY_RANGE, SAMPLING_KEYS, TEMPERATURE_MAX, TOP_K_MAX
 from .api_errors import ApiError
 from .audio import SPEED_RANGE
 from .settings import DEFAULT_VOICE, MAX_NAME_CHARS

@@ -1,10 +1,11 @@
 """run_server: load the model once, bind, serve with uvicorn until SIGINT/SIGTERM.
 
-Order: the settings are checked and the config read (seconds), the address bound (so a busy
-port fails before minutes of loading), the Synthesizer loaded, then uvicorn serves on the
-bound socket. On SIGINT/SIGTERM uvicorn stops accepting; the scheduler answers what waits
-and what runs with 503 at once (the running job stops at its next step), uvicorn lets the
-open responses finish, and run_server returns: the process exits 0 within seconds.
+Order: the settings are checked and the config read (seconds, the family's `serve` entry), the
+address bound (so a busy port fails before minutes of loading), the model loaded (the
+family's stepper, made a Service by `open_service`), then uvicorn serves on the bound socket.
+On SIGINT/SIGTERM uvicorn stops accepting; the scheduler answers what waits and what runs with
+503 at once (the running job stops at its next step), uvicorn lets the open responses finish,
+and run_server returns: the process exits 0 within seconds.
 """
 
 from __future__ import annotations
@@ -15,22 +16,18 @@ import logging
 import signal
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
+from typing import Any
 
 import uvicorn
 
 from ..errors import UsageError
-from ..nano.engine import NanoEngine, NanoFolderConfig, engines_for
-from ..tts import SynthConfig, Synthesizer
-from ..tts.engine import EngineSettings
 from .metrics import Metrics
-from .nano_worker import VARIANT, NanoScheduler, nano_job
 from .origins import HostPolicy
-from .output import StereoOut
-from .routes import Service, create_app
+from .routes import JobFor, Service, create_app
 from .scheduler import Scheduler
 from .settings import ServeSettings
+from .stepper import Stepper
 from .voices import VoiceStore
 
 log = logging.getLogger(__name__)
@@ -44,21 +41,6 @@ class Served:
 
     weights: str
     load: Callable[[], Service]
-
-
-def serve_delay(settings: ServeSettings) -> Served:
-    """A delay family's folder (Scheduler over the Synthesizer), --lora adapters applied."""
-    config = replace(SynthConfig.from_yaml(settings.config), lora=settings.lora)
-    return Served(Path(config.backbone_gguf).name, lambda: _load(settings, config))
-
-
-def serve_nano(settings: ServeSettings) -> Served:
-    """A MOSS-TTS-Nano folder (serve/nano_worker.py)."""
-    if settings.lora:
-        raise UsageError("--lora adapters are for the delay models' backbone; a MOSS-TTS-Nano "
-                         "folder takes none", hint="leave --lora out")  # fmt: skip
-    config = NanoFolderConfig.from_yaml(settings.config)
-    return Served(Path(config.global_gguf).name, lambda: _load_nano(settings, config))
 
 
 def run_server(settings: ServeSettings, serve: Callable[[ServeSettings], Served],
@@ -76,7 +58,7 @@ def run_server(settings: ServeSettings, serve: Callable[[ServeSettings], Served]
     host, port = sock.getsockname()[:2]
     where = f"[{host}]" if ":" in host else host
     n_voices = len(service.voices.list())
-    info = service.scheduler.tts.info
+    info = service.scheduler.info
     weights = served.weights
     service.on_ready = lambda: announce(
         f"serving {info.variant} ({weights}, n_vq {info.n_vq}) as "
@@ -125,49 +107,24 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _load(settings: ServeSettings, config: SynthConfig) -> Service:
-    tts = Synthesizer(config, max_batch=settings.max_batch,
-                      settings=EngineSettings(width=settings.batch_width))  # fmt: skip
+def open_service(settings: ServeSettings, stepper: Stepper, created: int, *, model_id: str,
+                 job_for: JobFor, out: Any, languages: Any = None,
+                 lora: tuple[str, ...] = ()) -> Service:  # fmt: skip
+    """The routes' Service over a family's loaded STEPPER (closed if this fails): the one
+    scheduler, its metrics, the voice store. CREATED: when the weights were made; the rest
+    is what the family says to the routes (routes.Service)."""
     try:
         # the gauges read the scheduler when scraped; it is made right after
         metrics = Metrics(lambda: scheduler.waiting, lambda: float(scheduler.busy),
-                          lambda: len(tts.engine.active), lambda: scheduler.batch_max)  # fmt: skip
-        scheduler = Scheduler(tts, settings.max_queue, on_speech=metrics.observe_speech,
-                              stall_s=settings.stall_timeout,
-                              retries=settings.runaway_retries)  # fmt: skip
-        voices = VoiceStore(settings.voices_dir, tts.info.n_vq, settings.max_voices)
-        created = int(Path(config.backbone_gguf).stat().st_mtime)
+                          lambda: scheduler.active, lambda: scheduler.batch_max)  # fmt: skip
+        scheduler = Scheduler(stepper, settings.max_queue, on_speech=metrics.observe_speech,
+                              stall_s=settings.stall_timeout)  # fmt: skip
+        voices = VoiceStore(settings.voices_dir, stepper.info.n_vq, settings.max_voices)
     except BaseException:
-        tts.close()
+        stepper.close()
         raise
-    return Service(settings, scheduler, voices, metrics, tts.info.variant.lower(),
-                   tts.info.sampling_rate, created)  # fmt: skip
-
-
-def _load_nano(settings: ServeSettings, config: NanoFolderConfig) -> Service:
-    """A MOSS-TTS-Nano folder (serve/nano_worker.py): --max-batch requests at once, at most
-    one a core, each on an engine of its own with the cores shared out (threads beyond the
-    cores spin against each other); 48 kHz stereo."""
-    width, threads = engines_for(settings.max_batch, config.n_threads)
-    engines: list[NanoEngine] = []
-    try:
-        for _ in range(width):
-            engines.append(NanoEngine(config, n_threads=threads))
-        engine = engines[0]
-        metrics = Metrics(lambda: scheduler.waiting, lambda: float(scheduler.busy),
-                          lambda: scheduler.speaking, lambda: scheduler.batch_max)  # fmt: skip
-        scheduler = NanoScheduler(engines, settings.max_queue, on_speech=metrics.observe_speech,
-                                  stall_s=settings.stall_timeout)  # fmt: skip
-        voices = VoiceStore(settings.voices_dir, engine.nano.n_vq, settings.max_voices)
-        created = int(config.global_gguf.stat().st_mtime)
-    except BaseException:
-        for loaded in engines:
-            loaded.close()
-        raise
-    return Service(settings, scheduler, voices, metrics, VARIANT.lower(), engine.sample_rate,
-                   created, out=StereoOut(engine.sample_rate, engine.channels),
-                   frame_s=engine.frame_samples / engine.sample_rate, own_job=nano_job,
-                   takes_language=False)  # fmt: skip
+    return Service(settings, scheduler, voices, metrics, model_id, created, job_for, out,
+                   languages=languages, lora=lora)  # fmt: skip
 
 
 class _Server(uvicorn.Server):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
-from ..tts.engine import WIDTHS
+from ..tts.defaults import WIDTHS
 from ..tts.lora import LoraSpec
 
 # OpenAI's limit on `input`; longer text is refused with 413 before it is queued
@@ -53,14 +53,14 @@ class ServeSettings:
     max_batch: int = 4  # requests generated together, one KV sequence (n_ctx positions) each
     stall_timeout: float = 300.0  # seconds without a step while requests run: unhealthy
     runaway_retries: int = 1  # a chunk that reaches its step budget is run again this often
-    # the batch's width policy (tts/engine.py EngineSettings): "served" (default) as wide as
+    # the batch's width policy (delay/engine.py EngineSettings): "served" (default) as wide as
     # the requests being served, so a lone one runs as fast as on a 1-wide server;
     # "identical" the same greedy audio alone or batched; "fixed" always max_batch wide
     batch_width: str = "served"
     # Host names answered besides the loopback ones and --host (origins.HostPolicy); "*": any
     allowed_hosts: tuple[str, ...] = ()
     max_voices: int = 100  # stored voices; registering one more is refused (409)
-    # LoRA adapters loaded for requests to name (serve/adapters.py); off until one does
+    # LoRA adapters loaded for requests to name (delay/adapters.py); off until one does
     lora: tuple[LoraSpec, ...] = ()
 
     @property

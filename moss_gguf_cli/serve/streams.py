@@ -26,8 +26,9 @@ from fastapi.responses import StreamingResponse
 
 from . import audio
 from .api_errors import ApiError
-from .scheduler import Delta, SpeechJob, SpeechStream
+from .scheduler import SpeechStream
 from .schemas import SpeechRequest
+from .stepper import Delta
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ def wants_stream(body: SpeechRequest) -> bool:
 
 
 async def stream_speech(
-    request: Request, body: SpeechRequest, job: SpeechJob, scheduler, out, abandoned
+    request: Request, body: SpeechRequest, job: Any, scheduler, out, abandoned
 ) -> StreamingResponse:
     """The streamed response for JOB (after its first chunk is made); OUT: the family's
     output (serve/output.py), which turns each piece into the format's bytes."""

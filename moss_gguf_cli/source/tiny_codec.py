@@ -60,13 +60,7 @@ def encoder_model():
     nodes: list = [
         # (B, 1, N) → (B, T, 1920): whole frames, as the real encoder expects
         helper.make_node("Reshape", ["audio", "e_frame_shape"], ["frames"]),
-        helper.make_node("MatMul", ["frames", "e_projection"], ["features"]),  # (B, T, 32)
-        helper.make_node("Tanh", ["features"], ["squashed"]),
-        helper.make_node("Mul", ["squashed", "e_half_range"], ["scaled"]),
-        helper.make_node("Add", ["scaled", "e_half_range"], ["shifted"]),
-        helper.make_node("Floor", ["shifted"], ["floored"]),
-        helper.make_node("Clip", ["floored", "e_low", "e_high"], ["clipped"]),
-        helper.make_node("Cast", ["clipped"], ["codes_btk"], to=TensorProto.INT64),
+        *code_nodes("e_projection", "e_", "codes_btk", TensorProto.INT64),  # (B, T, 32)
         helper.make_node("Transpose", ["codes_btk"], ["codes_all"], perm=[2, 0, 1]),
     ]
     used = _codebook_mask(nodes, "e_")
@@ -225,3 +219,20 @@ def ensure_tiny_codec(dest: Path, external_data: bool = True) -> tuple[Path, Pat
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return encoder, decoder
+
+
+def code_nodes(weights: str, prefix: str, codes: str, to: int) -> list:
+    """The tiny codecs' quantizer as ONNX nodes: `frames` × WEIGHTS squashed by tanh onto
+    [0, 2·half_range), floored and clipped to the PREFIX's low/high constants, cast to TO as
+    CODES (its intermediate names fixed: the graphs' bytes are the same wherever it is used)."""
+    from onnx import helper
+
+    return [
+        helper.make_node("MatMul", ["frames", weights], ["features"]),
+        helper.make_node("Tanh", ["features"], ["squashed"]),
+        helper.make_node("Mul", ["squashed", f"{prefix}half_range"], ["scaled"]),
+        helper.make_node("Add", ["scaled", f"{prefix}half_range"], ["shifted"]),
+        helper.make_node("Floor", ["shifted"], ["floored"]),
+        helper.make_node("Clip", ["floored", f"{prefix}low", f"{prefix}high"], ["clipped"]),
+        helper.make_node("Cast", ["clipped"], [codes], to=to),
+    ]

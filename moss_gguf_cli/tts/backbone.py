@@ -19,7 +19,7 @@ Generation steps are single rows, embeddings on.
 
 The text head (`output`, 155,648 rows on the real model: 0.5 GB in Q6_K, more than two of the
 36 layers) is the last node of llama.cpp's graph, after `result_norm`, the hidden state. A
-step that does not sample from the whole vocabulary does not need it (tts/text_head.py gives
+step that does not sample from the whole vocabulary does not need it (delay/text_head.py gives
 the few logits it needs from the hidden state), so every call takes ``logits``: when False,
 the graph's eval callback (`cb_eval`) stops the computation once `result_norm` is done —
 ggml's scheduler computes the nodes up to the one the callback asked for and ends the graph
@@ -338,7 +338,7 @@ class Backbone:
         """Feed rows into SEQ's KV cache and output nothing: a prompt's shared beginning
         (`save`/`load` keep it for the others that begin the same way). A prompt fed as
         `fill` then `prefill` is batched otherwise than one `prefill` of it whole, so its
-        bits may differ from upstream's: for chunks 2..n only (tts/speech.py)."""
+        bits may differ from upstream's: for chunks 2..n only (delay/speech.py)."""
         embeds = np.asarray(embeds, dtype=np.float32)
         self._check_room(embeds.shape[0], seq)
         for start in range(0, embeds.shape[0], self.n_batch):

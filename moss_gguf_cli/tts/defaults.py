@@ -1,6 +1,6 @@
 """The synth settings every weights folder starts from: one source for layout and synth.
 
-``layout`` writes these into each ``moss-tts.yaml``; ``tts.config.SynthConfig`` takes them as
+``layout`` writes these into each ``moss-tts.yaml``; ``delay.config.SynthConfig`` takes them as
 its defaults; ``configs/llama_cpp/default.yaml`` holds the same values (a test keeps the three
 in step). They are upstream's ``configs/llama_cpp/default.yaml`` values, so a folder made here
 behaves like upstream's backend, but for float16 audio heads (docs/memory-floor.md): flash
@@ -32,3 +32,6 @@ SYNTH_DEFAULTS: dict[str, Any] = {
     "audio_top_k": 25,
     "audio_repetition_penalty": 1.0,
 }
+
+# how many rows a served batch step decodes (--batch-width; delay/engine.EngineSettings.width)
+WIDTHS = ("served", "identical", "fixed")

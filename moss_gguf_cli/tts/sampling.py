@@ -31,6 +31,16 @@ GREEDY_BELOW = 1e-5  # a temperature under this is greedy (vLLM's _SAMPLING_EPS)
 TEMPERATURE_MAX = 10.0
 PENALTY_RANGE = (0.01, 10.0)
 TOP_K_MAX = 1 << 20  # beyond any vocabulary: the same as 0 (off)
+# the sampling keys a synth YAML holds and one request may change (every family's)
+SAMPLING_KEYS = (
+    "text_temperature",
+    "text_top_p",
+    "text_top_k",
+    "audio_temperature",
+    "audio_top_p",
+    "audio_top_k",
+    "audio_repetition_penalty",
+)
 
 
 class SamplingError(InputError):
