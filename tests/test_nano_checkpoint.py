@@ -16,11 +16,23 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
-from tiny_nano import CONFIG, release_state, write_release
+from sentencepiece import sentencepiece_model_pb2
+from tiny_nano import (
+    CONFIG,
+    FIRST_BYTE_PIECE,
+    RELEASE_CONFIG,
+    RELEASE_CONFIG_BYTES,
+    RELEASE_CONTROL,
+    release_config,
+    release_state,
+    release_tokenizer,
+    write_release,
+)
 
 from moss_gguf_cli.errors import InputError, UnsupportedModelError
 from moss_gguf_cli.nano.checkpoint import expected_shapes, is_nano_folder, open_nano
-from moss_gguf_cli.nano.config import NanoConfig
+from moss_gguf_cli.nano.config import NanoConfig, declared_dtype
+from moss_gguf_cli.nano.prompt import INST_END, REFERENCE_HEAD, NanoTokenizer, prompt_ids
 
 
 def as_f32(tensor: torch.Tensor) -> np.ndarray:
@@ -64,6 +76,97 @@ def test_the_release_config_reads_as_the_release_is():
     assert shapes["audio_lm_heads.15.weight"] == (1024, 768)
     assert "transformer.h.12.ln_1.weight" not in shapes
     assert "local_transformer.h.1.ln_1.bias" not in shapes
+
+
+def test_the_release_config_as_published_reads_with_its_nulls_and_dtype():
+    """The release's config.json key for key (tiny_nano.RELEASE_CONFIG, its 5,210 bytes): a
+    full 80-key GPT2Config dump with nulls in it, null top-level bos/eos, "dtype": "float32"
+    and no torch_dtype. Every fact reads from it, and its tensors are 194 names: the tied
+    heads, and no local_transformer.wte."""
+    assert len((json.dumps(RELEASE_CONFIG, indent=2) + "\n").encode()) == RELEASE_CONFIG_BYTES
+    gpt2 = RELEASE_CONFIG["gpt2_config"]
+    assert len(gpt2) == 80 and gpt2["n_inner"] == 3072 and gpt2["dtype"] is None
+    assert RELEASE_CONFIG["bos_token_id"] is None and RELEASE_CONFIG["eos_token_id"] is None
+    assert "torch_dtype" not in RELEASE_CONFIG and declared_dtype(RELEASE_CONFIG) == "float32"
+    nano = NanoConfig.from_dict(RELEASE_CONFIG, Path("config.json"))
+    dims = nano.dims
+    assert (dims.hidden, dims.layers, dims.heads, dims.inner, dims.vocab, dims.context) == \
+        (768, 12, 12, 3072, 16384, 32768)  # fmt: skip
+    assert (dims.eps, dims.rope_base, dims.activation) == (1e-5, 10000.0, "gelu_new")
+    assert (nano.n_vq, nano.codebook_sizes, nano.audio_pad, nano.local_layers) == \
+        (16, (1024,) * 16, 1024, 1)  # fmt: skip
+    ids = ("pad", "im_start", "im_end", "audio_start", "audio_end", "audio_user_slot",
+           "audio_assistant_slot")  # fmt: skip
+    assert nano.tokens == {f"{name}_token_id": 3 + i for i, name in enumerate(ids)}
+    names = expected_shapes(nano)
+    assert len(names) == 194 and "local_transformer.wte.weight" not in names
+    tiny = release_config(CONFIG)  # the same keys at the tests' sizes
+    assert list(tiny) == list(RELEASE_CONFIG) and list(tiny["gpt2_config"]) == list(gpt2)
+    assert NanoConfig.from_dict(tiny, Path("config.json")) == \
+        NanoConfig.from_dict(CONFIG, Path("config.json"))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("says", "stored", "note"),
+    [
+        ({"dtype": "float32"}, torch.bfloat16, ("float32", "bfloat16")),  # the release
+        ({"torch_dtype": "float16"}, torch.bfloat16, ("float16", "bfloat16")),  # older name
+        ({"dtype": "torch.bfloat16"}, torch.float32, ("bfloat16", "float32")),
+        ({"dtype": "bfloat16"}, torch.bfloat16, None),
+        ({"dtype": None, "torch_dtype": "float32"}, torch.float32, None),
+        ({"dtype": "auto"}, torch.bfloat16, None),
+        ({}, torch.bfloat16, None),  # builtin:tiny-nano says none
+    ],
+    ids=["release", "torch_dtype", "torch-prefix", "agrees", "null-then-torch_dtype", "auto",
+         "none"],
+)  # fmt: skip
+def test_a_config_dtype_that_disagrees_is_read_from_the_tensors(tmp_path, says, stored, note):
+    """What config.json says the dtype is never decides how the weights are read: they are
+    read as stored, and where the two disagree the checkpoint has a note naming both."""
+    config = {**release_config(CONFIG), "dtype": None, **says}
+    state = write_release(tmp_path, config, release_state(CONFIG, stored, local_wte=False))
+    opened = open_nano(tmp_path)
+    stored_name = str(stored).removeprefix("torch.")
+    assert opened.dtype == stored_name
+    for name, tensor in state.items():
+        assert opened.tensors[name].dtype.name == stored_name, name
+        np.testing.assert_array_equal(opened.tensors[name].astype(np.float32), as_f32(tensor))
+    if note is None:
+        assert opened.dtype_note is None
+    else:
+        assert opened.config_dtype == note[0]
+        assert opened.dtype_note == (f"config.json says dtype {note[0]} but pytorch_model.bin "
+                                     f"stores {note[1]}; the weights are read as stored "
+                                     f"({note[1]})")  # fmt: skip
+
+
+def test_the_release_tokenizer_has_its_pieces_and_byte_offset_and_prompts_by_them(tmp_path):
+    """The release's tokenizer.model layout (tiny_nano.release_tokenizer): ids 0-3 `<unk> <s>
+    </s> <pad>`, its eleven control pieces at 4-14 (8 `<|vision_pad|>` = the user slot, 9
+    `<|video_pad|>` = the assistant slot), byte pieces 15-270. The prompt's `<user_inst>` and
+    `</user_inst>` become its pieces 13 and 14 through SentencePiece, as upstream encodes them;
+    the control ids go in by the config's ids."""
+    path = tmp_path / "tokenizer.model"
+    path.write_bytes(release_tokenizer(384))
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(path.read_bytes())
+    pieces = [p.piece for p in proto.pieces]
+    assert pieces[:4] == ["<unk>", "<s>", "</s>", "<pad>"] and len(pieces) <= 384
+    assert pieces[4:FIRST_BYTE_PIECE] == list(RELEASE_CONTROL) and FIRST_BYTE_PIECE == 15
+    user = sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED
+    assert all(proto.pieces[i].type == user for i in range(4, 15))
+    assert pieces[15:271] == [f"<0x{b:02X}>" for b in range(256)]
+    assert proto.trainer_spec.byte_fallback and proto.normalizer_spec.name == "nmt_nfkc"
+    assert proto.trainer_spec.model_type == proto.trainer_spec.BPE
+    tokens = NanoConfig.from_dict(release_config(CONFIG), Path("config.json")).tokens
+    assert pieces[tokens["audio_user_slot_token_id"]] == "<|vision_pad|>"
+    assert pieces[tokens["audio_assistant_slot_token_id"]] == "<|video_pad|>"
+    tok = NanoTokenizer(path)
+    assert 13 in tok.encode(REFERENCE_HEAD) and tok.encode(INST_END)[-1] == 14
+    assert tok.encode("🙂")[-4:] == [15 + b for b in "🙂".encode()]  # bytes fall back from 15
+    ids = prompt_ids(tok, tokens, "Hello", reference=True)
+    assert ids.before[0] == 4 and ids.before[-1] == 6 and ids.after[0] == 7
+    assert ids.after[-1] == 6 and ids.after.count(5) == 1 and ids.after.count(14) == 1
 
 
 def test_safetensors_is_used_when_present_and_heads_follow_their_tables(tmp_path):

@@ -9,6 +9,7 @@ refuses to store shared tensors twice), and then the head is the table.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from ..disk.confine import boundary, confined, present
 from ..errors import InputError
 from ..source.checkpoint import INDEX_NAME, SINGLE_NAME, read_json, read_tensors
 from ..source.config_values import counts_agree
-from .config import NanoConfig, TransformerDims, is_nano
+from .config import NanoConfig, TransformerDims, declared_dtype, is_nano
 
 TORCH_NAME = "pytorch_model.bin"
 TOKENIZER_NAME = "tokenizer.model"
@@ -77,6 +78,17 @@ class NanoCheckpoint:
     weights: Path  # the file the tensors came from (or the safetensors index)
     tokenizer: Path | None  # tokenizer.model, where the folder has it
     unused: list[str]  # tensors present that upstream's model never reads
+    dtype: str = ""  # the weights' dtype as stored ("bfloat16"; mixed ones joined by "+")
+    config_dtype: str | None = None  # what config.json says it is (config.declared_dtype)
+
+    @property
+    def dtype_note(self) -> str | None:
+        """A line where config.json's dtype is not the stored one (the release says float32
+        over bf16): the weights are read as stored, and the folder says so."""
+        if self.config_dtype is None or not self.dtype or self.config_dtype == self.dtype:
+            return None
+        return (f"config.json says dtype {self.config_dtype} but {self.weights.name} stores "
+                f"{self.dtype}; the weights are read as stored ({self.dtype})")  # fmt: skip
 
 
 def is_nano_folder(root: Path) -> bool:
@@ -144,7 +156,13 @@ def open_nano(root: Path) -> NanoCheckpoint:
         if problem:
             raise InputError(problem, path=tokenizer, hint="download the release's tokenizer.model "
                              "again")  # fmt: skip
-    return NanoCheckpoint(root, config, nano, tensors, weights, tokenizer, unused)
+    return NanoCheckpoint(root, config, nano, tensors, weights, tokenizer, unused,
+                          stored_dtype(tensors, expected), declared_dtype(config))  # fmt: skip
+
+
+def stored_dtype(tensors: dict[str, np.ndarray], names: Iterable[str]) -> str:
+    """The dtype NAMES are stored in: one name, or the mixed ones sorted and joined by "+"."""
+    return "+".join(sorted({tensors[name].dtype.name for name in names}))
 
 
 SAMPLE = "Hello, world! 你好，世界。 12:30"  # Latin, CJK, digits and punctuation

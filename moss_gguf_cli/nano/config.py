@@ -37,6 +37,24 @@ MOST_WIDTH = 1 << 16  # n_embd, n_head
 MOST_ROWS = 1 << 24  # vocab_size, n_inner, a codebook, n_positions
 
 
+# torch's other names for the dtypes a config may say (`torch.float16` is written "float16")
+_DTYPE_ALIASES = {"half": "float16", "float": "float32", "double": "float64"}
+
+
+def declared_dtype(config: dict[str, Any]) -> str | None:
+    """The dtype CONFIG says the weights are: `dtype` (transformers >= 4.56 writes this), else
+    `torch_dtype`; None where it says none or "auto". Never used to read the weights, which are
+    read as stored: the release says "float32" over bf16 weights (DESIGN §12)."""
+    for key in ("dtype", "torch_dtype"):
+        value = config.get(key)
+        if isinstance(value, str) and value:
+            name = value.removeprefix("torch.")
+            if name == "auto" or not name.isidentifier() or len(name) > 32:
+                return None  # a value no dtype has: nothing to compare
+            return _DTYPE_ALIASES.get(name, name)
+    return None
+
+
 def is_nano(config: dict[str, Any]) -> bool:
     """Whether CONFIG (a config.json's object) says it is MOSS-TTS-Nano."""
     return config.get("model_type") == MODEL_TYPE

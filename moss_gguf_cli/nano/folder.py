@@ -93,8 +93,9 @@ def write_nano_folder(
                                 request)  # fmt: skip
         stage.commit()
     output = Path(output)
+    note = checkpoint.dtype_note
     return NanoFolder(output, [output / g for g in ggufs], [output / c.name for c in configs],
-                      files, codec_dir)  # fmt: skip
+                      files, codec_dir, [note] if note else [])  # fmt: skip
 
 
 def check_complete(checkpoint: NanoCheckpoint) -> None:
@@ -176,5 +177,9 @@ def _write_manifest(folder: Path, checkpoint: NanoCheckpoint, ggufs: dict[str, s
         "made_from": request.made_from,
         "files": entries,
     }  # fmt: skip
+    if checkpoint.dtype_note:  # only then: a folder whose config agrees keeps its manifest as is
+        manifest["model"].update(weights_dtype=checkpoint.dtype,
+                                 config_dtype=checkpoint.config_dtype)  # fmt: skip
+        manifest["notes"] = [checkpoint.dtype_note]
     (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
     return [(e["path"], e["size"]) for e in entries]
