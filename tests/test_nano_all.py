@@ -313,7 +313,10 @@ def test_verify_catches_a_wrong_permutation(builtin_folder, tmp_path):
     [(["--format", "moss-tts-delay"], "--format moss-tts-delay does not apply to MOSS-TTS-Nano"),
      (["--engine", "direct"], "the direct engine reads delay checkpoints only"),
      (["--keep-intermediate"], "--keep-intermediate does not apply to MOSS-TTS-Nano"),
-     (["--merge-lora", "an-adapter"], "--merge-lora does not apply to MOSS-TTS-Nano")],
+     (["--merge-lora", "an-adapter"], "--merge-lora does not apply to MOSS-TTS-Nano"),
+     (["--base-model", "OpenMOSS-Team/MOSS-TTS-Nano-100M"],
+      "--base-model does not apply to MOSS-TTS-Nano"),
+     (["--audio-tables-type", "f16"], "--audio-tables-type does not apply to MOSS-TTS-Nano")],
 )  # fmt: skip
 def test_options_nano_has_no_use_for_are_refused_in_one_line(tmp_path, extra, said):
     rc, _, stderr = cli("all", "--model", "builtin:tiny-nano", "--output", str(tmp_path / "w"),

@@ -114,8 +114,11 @@ def run_nano(
 def convert_nano(request: AllRequest, progress: ProgressReporter | None = None) -> FolderSummary:
     """`all` on a Nano input (the family's convert, families/nano.py): the request as asked,
     said as the CLI renders any family's folder."""
-    if request.audio_tables is not None:
-        raise UsageError("--audio-tables-type does not apply to MOSS-TTS-Nano")
+    for given, option in ((request.audio_tables, "--audio-tables-type"),
+                          (request.base_model, "--base-model")):  # the delay family's model card
+        if given is not None:
+            raise UsageError(f"{option} does not apply to MOSS-TTS-Nano",
+                             hint="leave it out: a Nano folder records what it was made from")
     return run_nano(request.settings, parse_formats(request.formats), request.default_types,
                     progress).summary()  # fmt: skip
 
