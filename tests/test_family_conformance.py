@@ -31,6 +31,13 @@ SPEAK = {
 }
 
 
+# an option of another family's `synth`, and the one line that refuses it
+REFUSES = {
+    "moss-tts-delay": (("--min-new-tokens", "3"),
+                       "--min-new-tokens does not apply to a MOSS-TTS delay-model folder"),
+    "moss-tts-nano": (("--instruction", "calm"),
+                      "--instruction does not apply to a MOSS-TTS-Nano folder"),
+}
 # the same over HTTP: a request's fields
 REQUEST = {
     "moss-tts-delay": {"max_new_tokens": 48, "seed": 1},
@@ -39,7 +46,7 @@ REQUEST = {
 
 
 def test_every_registered_family_has_a_row():
-    assert sorted(SPEAK) == sorted(REQUEST) == sorted(f.name for f in FAMILIES)
+    assert sorted(SPEAK) == sorted(REQUEST) == sorted(REFUSES) == sorted(f.name for f in FAMILIES)
 
 
 @pytest.fixture(scope="module", params=FAMILIES, ids=lambda f: f.name)
@@ -85,6 +92,15 @@ def test_synth_speaks_from_the_config_all_wrote(made, tmp_path):
     assert done.returncode == 0, done.stderr
     info = sf.info(str(out))
     assert info.frames > 0 and info.samplerate in (24_000, 48_000), info
+
+
+def test_synth_refuses_another_familys_option_in_one_line(made, tmp_path):
+    family, folder = made
+    option, said = REFUSES[family.name]
+    ran = moss_gguf("synth", "--config", str(folder / family.synth_config), "--text", "Hi",
+                    *option, "-o", str(tmp_path / "a.wav"))  # fmt: skip
+    assert ran.returncode == 2 and said in ran.stderr, ran.stderr
+    assert len(ran.stderr.strip().splitlines()) == 1 and not (tmp_path / "a.wav").exists()
 
 
 @pytest.fixture(scope="module")

@@ -228,8 +228,8 @@ def test_a_model_that_stops_at_frame_zero_writes_nothing(tiny_nano_folder, tmp_p
 
 
 @pytest.mark.parametrize("args, words", [
-    (("--instruction", "calm"), "--instruction do(es) not apply to a MOSS-TTS-Nano folder"),
-    (("--language", "en"), "--language do(es) not apply"),
+    (("--instruction", "calm"), "--instruction does not apply to a MOSS-TTS-Nano folder"),
+    (("--language", "en"), "--language does not apply"),
     (("--reference", "a.wav", "--reference", "b.wav"), "clones one voice"),
     (("--min-new-tokens", "9", "--max-new-tokens", "3"), "min_new_tokens 9 is above"),
 ])  # fmt: skip

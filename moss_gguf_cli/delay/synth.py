@@ -35,9 +35,8 @@ REFUSED = {"--min-new-tokens": "min_new_tokens"}
 def synth_delay(config: Path, o: dict[str, Any], progress: ProgressReporter) -> Spoken | Planned:
     """Speak with the folder whose synth config is CONFIG, the command's options O; the
     options that need no file are checked before the YAML is read."""
-    refuse_options(o, REFUSED, "MOSS-TTS (delay)",
-                   "--min-new-tokens is MOSS-TTS-Nano's; the delay models stop on their own "
-                   "<|im_end|>")  # fmt: skip
+    refuse_options(o, REFUSED, "MOSS-TTS delay-model",
+                   "it is MOSS-TTS-Nano's: the delay models stop on their own <|im_end|>")
     language_name(o["language"])  # a wrong language is one line now, not after minutes
     settings = _settings(config, o)
     described = o["ambient_sound"] is not None or o["sound_event"] is not None

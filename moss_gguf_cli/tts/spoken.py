@@ -44,7 +44,8 @@ def refuse_options(options: dict[str, Any], flags: dict[str, str], title: str, h
     family of TITLE does not take."""
     named = [flag for flag, name in flags.items() if options.get(name)]
     if named:
-        raise UsageError(f"{', '.join(named)} do(es) not apply to a {title} folder", hint=hint)
+        verb = "does" if len(named) == 1 else "do"
+        raise UsageError(f"{', '.join(named)} {verb} not apply to a {title} folder", hint=hint)
 
 
 def read_text(text: str | None, text_file: Path | None, may_be_absent: bool = False) -> str | None:
