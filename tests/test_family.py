@@ -155,6 +155,18 @@ def test_builtin_local_lookalike_is_refused_by_every_converter(tmp_path: Path) -
         open_checkpoint(ensure_tiny("tiny-local"))
 
 
+def test_a_lookalikes_hub_id_is_refused_by_its_name_before_any_download(tmp_path: Path) -> None:
+    """With an empty cache and no network a listing or download would fail otherwise; the
+    name alone says what it is, so nobody fetches gigabytes to be told."""
+    for repo, said in (("OpenMOSS-Team/MOSS-TTS-Local-Transformer", "MOSS-TTS-Local-Transformer"),
+                       ("OpenMOSS-Team/MOSS-TTS-Realtime", "MOSS-TTS-Realtime")):
+        proc = cli("all", "--model", repo, "--output", str(tmp_path / "a"), "--cache-dir",
+                   str(tmp_path / "cache"))  # fmt: skip
+        assert proc.returncode == 2 and said in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_synth_config_points_at_real_files(built) -> None:
     for variant, (out, proc) in built.items():
         assert proc.returncode == 0, (variant, proc.stderr)

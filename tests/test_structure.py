@@ -128,7 +128,7 @@ RANKS = {
     "verify": 5, "doctor": 5,  # rows and checks a family uses
     "pipeline": 6, "serve": 6,  # the stage cores, family-blind
     # a model family's room each: over the stage cores it fills, under the registry
-    "nano": 7, "delay": 7,
+    "nano": 7, "delay": 7, "realtime": 7,
     "families": 8,  # the registry: which family an input, folder or config is; its entries
     "cli": 9,
     "__main__": 10,  # python -m moss_gguf_cli: the entry point over the CLI
@@ -210,7 +210,7 @@ def test_imports_between_rooms_are_at_the_top_unless_they_say_why():
 
 # The family rooms and the registry, and the delay family's checkpoint reader
 # (source/checkpoint.py), which refuses the others' checkpoints by name
-FAMILY_CODE = ("nano/", "delay/", "families/", "source/checkpoint.py")
+FAMILY_CODE = ("nano/", "delay/", "realtime/", "families/", "source/checkpoint.py")
 NAMES_A_FAMILY = re.compile(r"^\s*(if|elif)\b.*(nano|realtime|\bdelay)", re.IGNORECASE)
 
 
@@ -371,7 +371,7 @@ def test_libllama_is_loaded_and_its_log_hooked_in_one_place():
     assert native_uses(ast.parse("from llama_cpp import _logger\n")) == {"import llama_cpp"}
 
 
-FAMILY_ROOMS = ("delay", "nano")  # a model family's room each (rank 7)
+FAMILY_ROOMS = ("delay", "nano", "realtime")  # a model family's room each (rank 7)
 
 
 def family_room_importers(graph: dict[str, set[str]]) -> list[str]:

@@ -25,6 +25,7 @@ from ..errors import UsageError
 from ..gguf.codec import FORMAT as CODEC_FORMAT
 from ..gguf.first_class import FORMAT, parse_audio_tables_type
 from ..progress import ProgressReporter, ensure
+from ..source.checkpoint import refuse_lookalike_repo
 from ..source.preconverted import GgufRepo, recognise
 from .audio_codec import NATIVE_FLAG
 from .card import CardFacts, card_source, relaid, write_card
@@ -126,6 +127,7 @@ def run_request(request: AllRequest, progress: ProgressReporter | None = None) -
     """Check the request, find what the input is (when the route depends on it), choose the
     route and run it; then each folder's model card (README.md), after its checks."""
     s = request.settings
+    refuse_lookalike_repo(s.model)  # a look-alike's Hub id: before its listing or download
     source = card_source(s.model, s.revision, s.cache_dir, request.base_model)  # fails first
     outcome = _run_route(request, progress)
     if outcome.route.backend in (Backend.PRECONVERTED, Backend.FROM_FIRST_CLASS):

@@ -252,12 +252,16 @@ def read_json(path: Path, what: str) -> Any:
 # model_type values of OpenMOSS checkpoints that are not delay models
 _REFUSED_TYPES = {
     "moss_tts_local": "MOSS-TTS-Local",
-    "moss_tts_realtime": "MOSS-TTS-Realtime",
     "moss_ttsd": "MOSS-TTSD v0.5/v0.7",
     "asteroid": "MOSS-TTSD v0.5/v0.7",
     "moss_soundeffect": "MOSS-SoundEffect v2.0",
 }
 _ONLY_DELAY = "only MOSS delay models convert to a llama.cpp backbone"
+# MOSS-TTS-Realtime: its own family's room (realtime/) reads and checks it; it converts in a
+# coming version (#63), and is registered in families/ then
+_REALTIME_COMING = ("its own family (docs/realtime.md) converts it in a coming version of "
+                    "moss-gguf")
+_REALTIME_BUILTIN = "builtin:tiny-realtime"
 
 
 def detect_lookalike(config: dict[str, Any], path: Path) -> None:
@@ -271,6 +275,13 @@ def detect_lookalike(config: dict[str, Any], path: Path) -> None:
             "converts it into a Nano folder (docs/nano.md)",
             path=path,
             hint="run: moss-gguf all --model FOLDER --output DIR",
+        )
+    if model_type == "moss_tts_realtime" or "MossTTSRealtime" in archs:
+        raise UnsupportedModelError(
+            f"MOSS-TTS-Realtime (model_type {model_type or 'missing'!r}) is not a MOSS delay "
+            f"model; {_REALTIME_COMING}",
+            path=path,
+            hint=_ONLY_DELAY,
         )
     if model_type in _REFUSED_TYPES:
         raise UnsupportedModelError(
@@ -483,6 +494,10 @@ def resolve_model(
     progress: ProgressReporter | None = None,
 ) -> Path:
     """A local folder for MODEL: itself, the builtin tiny checkpoint, or a Hub snapshot."""
+    if model == _REALTIME_BUILTIN:
+        raise UnsupportedModelError(f"{model} is MOSS-TTS-Realtime; {_REALTIME_COMING}",
+                                    hint="the builtins that convert today: builtin:tiny, "
+                                    "builtin:tiny-nano")  # fmt: skip
     if model.startswith(BUILTIN_PREFIX):
         from .tiny import ensure_tiny
 
@@ -499,7 +514,29 @@ def resolve_model(
             hint="give an existing folder, a Hub repo id like OpenMOSS-Team/MOSS-TTS,"
             " or builtin:tiny",
         )
+    refuse_lookalike_repo(model)  # before gigabytes of someone else's weights are fetched
     return download(model, HUB_PATTERNS, revision, cache_dir, progress)
+
+
+# Hub repos known by name not to be delay models, refused before their download (their
+# config would refuse them after it): the repo's name, lower case, starts with the key
+_HUB_LOOKALIKES = {
+    "moss-tts-realtime": f"MOSS-TTS-Realtime; {_REALTIME_COMING}",
+    "moss-tts-local-transformer": "MOSS-TTS-Local-Transformer, which is not a MOSS delay "
+    "model; a coming version converts it (--format openmoss / crispasr)",
+}
+
+
+def refuse_lookalike_repo(model: str) -> None:
+    """One line for a --model that is a Hub id of a known look-alike, before anything of it
+    is listed or fetched (a local folder or builtin is left to its config)."""
+    if model.startswith(BUILTIN_PREFIX) or Path(model).expanduser().exists() \
+            or not is_repo_id(model):  # fmt: skip
+        return
+    name = model.split("/")[-1].lower()
+    for prefix, said in _HUB_LOOKALIKES.items():
+        if name.startswith(prefix):
+            raise UnsupportedModelError(f"{model} is {said}", hint=_ONLY_DELAY)
 
 
 
