@@ -10,10 +10,10 @@ codec_folder.py: the MOSS-Audio-Tokenizer-Nano ONNX release (its meta, the three
 names checked, decode_step's state; its Hub id and download patterns); tiny_codec.py: a tiny
 codec in that layout whose stream state is real. engine.py and its parts speak. convert.py is
 `all` for Nano (which inputs are Nano, the folder written and verified); verify.py and
-verify_deep.py its verify rows; its serving (serve/nano_worker.py) moves home with the one
-serve core (docs/ARCHITECTURE.md, the family interface's steps 2 and 3).
+verify_deep.py its verify rows; synth.py `synth` (its options, its writers); serving.py its
+stepper in the one serve core, its request builder and loader.
 
 May import: the stage cores (pipeline/, serve/: rank 6), verify/ and doctor/ (5), tts/,
 quantize/ (4), source/, gguf/, disk/, native/ and the top level (rank 7, a family's room);
-only the registry (families/) and cli/ import it.
+only the registry (families/) imports it.
 """

@@ -19,7 +19,7 @@ import numpy as np
 from ..bf16 import bfloat16
 from ..disk.confine import boundary, confined, present
 from ..errors import InputError
-from ..source.checkpoint import INDEX_NAME, SINGLE_NAME, read_json, read_tensors
+from ..source.checkpoint import INDEX_NAME, SINGLE_NAME, folder_config, read_json, read_tensors
 from ..source.config_values import counts_agree
 from .config import NanoConfig, TransformerDims, declared_dtype, is_nano
 
@@ -93,11 +93,8 @@ class NanoCheckpoint:
 
 def is_nano_folder(root: Path) -> bool:
     """A folder whose config.json says MOSS-TTS-Nano (nothing else is read)."""
-    path = Path(root) / "config.json"
-    if not present(path):
-        return False
-    config = read_json(confined(path, boundary(root)), "config.json")
-    return isinstance(config, dict) and is_nano(config)
+    config = folder_config(root)
+    return config is not None and is_nano(config)
 
 
 def _counts_agree(nano: NanoConfig, tensors: dict[str, np.ndarray], weights: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, UnsupportedModelError
-from ..source.config_values import ConfigValues
+from ..source.config_values import MOST_CODEBOOKS, MOST_LAYERS, MOST_ROWS, MOST_WIDTH, ConfigValues
 
 FAMILY_NAME = "moss-tts-nano"  # its folders' manifest format and synth config's family
 MODEL_TYPE = "moss_tts_nano"
@@ -28,13 +28,6 @@ TOKEN_KEYS = (
     "audio_assistant_slot_token_id",
 )
 _HINT = "config.json should be the release's own; download it again"
-# Bounds far above any Nano (the release: 12 + 1 layers of 768, 16 codebooks of 1024) that keep
-# a hostile count from becoming gigabytes of names and shapes before a tensor is read; whether a
-# count agrees with the weights is checked when they are read (checkpoint.open_nano).
-MOST_LAYERS = 1024
-MOST_CODEBOOKS = 256
-MOST_WIDTH = 1 << 16  # n_embd, n_head
-MOST_ROWS = 1 << 24  # vocab_size, n_inner, a codebook, n_positions
 
 
 # torch's other names for the dtypes a config may say (`torch.float16` is written "float16")

@@ -21,8 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..bf16 import bfloat16
-from ..errors import InputError
-from ..source.tiny import build_cached, cache_root
+from ..source.tiny import cache_root, ensure_family_builtin
 from .checkpoint import TOKENIZER_NAME, TORCH_NAME, expected_shapes, tied_names
 from .config import NanoConfig
 from .tiny_codec import ensure_tiny_nano_codec
@@ -101,11 +100,7 @@ def write_tiny_nano(folder: Path) -> Path:
 
 def ensure_tiny_nano(variant: str = NAME) -> Path:
     """The cached builtin:tiny-nano checkpoint folder, built on first use (atomically)."""
-    if variant != NAME:
-        raise InputError(f"unknown builtin model 'builtin:{variant}'",
-                         hint=f"the Nano builtin is builtin:{NAME}")  # fmt: skip
-    dest = cache_root() / "builtin" / f"{NAME}-v{BUILDER_VERSION}"
-    return build_cached(dest, write_tiny_nano)
+    return ensure_family_builtin(variant, NAME, BUILDER_VERSION, write_tiny_nano, "Nano")
 
 
 def ensure_tiny_nano_codec_folder() -> Path:

@@ -33,6 +33,7 @@ from ..source.checkpoint import (
     TOKENIZER_FILES,
     WEIGHT_DTYPES,
     TensorRef,
+    folder_config,
     read_json,
     read_tensors,
 )
@@ -87,11 +88,8 @@ class RealtimeCheckpoint:
 
 def is_realtime_folder(root: Path) -> bool:
     """A folder whose config.json says MOSS-TTS-Realtime (nothing else is read)."""
-    path = Path(root) / "config.json"
-    if not present(path):
-        return False
-    config = read_json(confined(path, boundary(root)), "config.json")
-    return isinstance(config, dict) and is_realtime(config)
+    config = folder_config(root)
+    return config is not None and is_realtime(config)
 
 
 def open_realtime(root: Path) -> RealtimeCheckpoint:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, UnsupportedModelError
-from ..source.config_values import ConfigValues
+from ..source.config_values import MOST_CODEBOOKS, MOST_LAYERS, MOST_ROWS, MOST_WIDTH, ConfigValues
 
 FAMILY_NAME = "moss-tts-realtime"  # its folders' manifest format and synth config's family
 TITLE = "MOSS-TTS-Realtime"
@@ -30,14 +30,6 @@ MODEL_TYPE = "moss_tts_realtime"
 ARCHITECTURE = "MossTTSRealtime"
 LOCAL_MODEL_TYPE = "moss_tts_realtime_local_transformer"
 _HINT = "config.json should be the release's own; download it again"
-# Bounds far above any Realtime (the release: 28 + 4 layers of 2048, 16 codebooks of 1027, a
-# vocabulary of 151,936) that keep a hostile count from becoming gigabytes of names and shapes
-# before a tensor is read; whether a count agrees with the weights is checked when they are read
-# (checkpoint.open_realtime).
-MOST_LAYERS = 1024
-MOST_CODEBOOKS = 256
-MOST_WIDTH = 1 << 16  # hidden size, heads, head size
-MOST_ROWS = 1 << 24  # vocabularies, the feed-forward width, positions
 # the rows after the codes: pad, audio BOS, audio EOS (upstream's processor: 1024, 1025, 1026)
 SPECIAL_ROWS = 3
 # the rope forms that rotate as plain RoPE does: "linear" with factor 1 is the depth

@@ -25,7 +25,7 @@ from ..bf16 import bfloat16
 from ..errors import InputError
 from ..source.checkpoint import INDEX_NAME, SINGLE_NAME
 from ..source.safetensors_io import STORAGE_DTYPES, PlannedTensor, build_header
-from ..source.tiny import build_cached, cache_root, tokenizer_source
+from ..source.tiny import ensure_family_builtin, tokenizer_source
 from .checkpoint import expected_shapes
 from .config import RealtimeConfig
 
@@ -181,8 +181,4 @@ def write_tiny_realtime(folder: Path) -> Path:
 
 def ensure_tiny_realtime(variant: str = NAME) -> Path:
     """The cached builtin:tiny-realtime checkpoint folder, built on first use (atomically)."""
-    if variant != NAME:
-        raise InputError(f"unknown builtin model 'builtin:{variant}'",
-                         hint=f"the Realtime builtin is builtin:{NAME}")  # fmt: skip
-    dest = cache_root() / "builtin" / f"{NAME}-v{BUILDER_VERSION}"
-    return build_cached(dest, write_tiny_realtime)
+    return ensure_family_builtin(variant, NAME, BUILDER_VERSION, write_tiny_realtime, "Realtime")

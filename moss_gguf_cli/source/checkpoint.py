@@ -19,7 +19,14 @@ from ..errors import InputError, UnsupportedModelError
 from ..gguf.qwen3_names import layer_shapes
 from ..gguf.stream import RowDelta
 from ..progress import ProgressReporter
-from .config_values import ConfigValues, counts_agree
+from .config_values import (
+    MOST_CODEBOOKS,
+    MOST_LAYERS,
+    MOST_ROWS,
+    MOST_WIDTH,
+    ConfigValues,
+    counts_agree,
+)
 from .hub import download, is_repo_id
 from .safetensors_io import TensorInfo, read_header, to_f32
 from .token_ids import TOKEN_DEFAULTS
@@ -40,13 +47,6 @@ TOKENIZER_FILES = (
 HUB_PATTERNS = ["*.safetensors", INDEX_NAME, "config.json", "README.md", *TOKENIZER_FILES]
 BUILTIN_PREFIX = "builtin:"
 _CONFIG_HINT = "config.json should be the release's own; download it again"
-# Bounds far above any MOSS-TTS (the 8B: 36 layers of 4096, 32 codebooks of 1024, a vocabulary
-# of 155k) that keep a hostile count from becoming gigabytes of names and shapes before a
-# tensor is read; whether a count agrees with the weights is checked when they are read.
-MOST_LAYERS = 1024
-MOST_CODEBOOKS = 256
-MOST_WIDTH = 1 << 16  # hidden size, heads, head size
-MOST_ROWS = 1 << 24  # vocabularies, the feed-forward width, positions
 
 # names used by some ports for the same facts
 _KEY_VARIANTS = {
@@ -232,6 +232,16 @@ class MossCheckpoint:
                 out.append(("model." + name[len("language_model.") :], ref))
         out.append(("lm_head.weight", self.tensors["lm_heads.0.weight"]))
         return out
+
+
+def folder_config(root: Path) -> dict[str, Any] | None:
+    """A folder's config.json as read (bounded, confined to the folder), or None where there is
+    none or it is not an object: what a family asks to tell whether a folder is its."""
+    path = Path(root) / "config.json"
+    if not present(path):
+        return None
+    config = read_json(confined(path, boundary(Path(root))), "config.json")
+    return config if isinstance(config, dict) else None
 
 
 def read_json(path: Path, what: str) -> Any:

@@ -19,6 +19,14 @@ from typing import Any
 from ..errors import InputError
 
 MOST_ID = (1 << 31) - 1  # token ids travel as int32
+# Bounds far above any MOSS model (the 8B: 36 layers of 4096, 32 codebooks of 1024, a
+# vocabulary of 155k; Realtime 28 + 4 layers; Nano 12 + 1 of 768) that keep a hostile count
+# from becoming gigabytes of names and shapes before a tensor is read; whether a count agrees
+# with the weights is checked when they are read. Every family's config reader uses them.
+MOST_LAYERS = 1024
+MOST_CODEBOOKS = 256
+MOST_WIDTH = 1 << 16  # hidden size, heads, head size
+MOST_ROWS = 1 << 24  # vocabularies, the feed-forward width, a codebook, positions
 
 
 def counts_agree(counts: Iterable[tuple[str, int, str, str]], names: Iterable[str], path: Path,

