@@ -24,13 +24,14 @@ from .layers import (
     rope,
 )
 from .ops import SortOrder
-from .store import Borrowed, Weights, aligned, overhead
+from .store import Borrowed, Owner, Weights, aligned, overhead
 from .tensor import Tensor
 from .types import TYPE_IDS, GgmlType, block_size, numpy_dtype, row_size, tensor_bytes, type_size
 
 __all__ = [
     "TYPE_IDS",
     "Borrowed",
+    "Owner",
     "CpuBackend",
     "GgmlType",
     "Graph",

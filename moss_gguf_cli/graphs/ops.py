@@ -56,6 +56,10 @@ class Ops:
         """GELU, tanh approximation (GPT-2's)."""
         return self.named(self.ggml.ggml_gelu(self.ctx, a), name)
 
+    def swiglu(self, gate: Tensor, up: Tensor, *, name: str) -> Tensor:
+        """SiLU(GATE) × UP (a SwiGLU feed-forward's middle, as llama.cpp's Qwen3 computes it)."""
+        return self.named(self.ggml.ggml_swiglu_split(self.ctx, gate, up), name)
+
     def relu(self, a: Tensor, *, name: str) -> Tensor:
         return self.named(self.ggml.ggml_relu(self.ctx, a), name)
 

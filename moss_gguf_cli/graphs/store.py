@@ -24,6 +24,28 @@ def overhead(n_tensors: int) -> int:
     return n_tensors * (int(libggml.load().base.ggml_tensor_overhead()) + SLACK)
 
 
+class Owner:
+    """Something that holds ggml resources in attributes (weights, backends, graphs):
+    `release(*names)` closes those that are set (a part-built owner too) and unsets them, and
+    the owner closes itself when it is collected."""
+
+    def release(self, *names: str) -> None:
+        for name in names:
+            part = getattr(self, name, None)
+            if part is not None:
+                part.close()
+            setattr(self, name, None)
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown may have unloaded ctypes
+            pass
+
+
 class Weights:
     """A ggml context of SIZE bytes whose tensors hold their own data (weights, caches)."""
 

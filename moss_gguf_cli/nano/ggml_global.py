@@ -28,6 +28,7 @@ from ..graphs import (
     CpuBackend,
     GgmlType,
     Graph,
+    Owner,
     Rope,
     RopeMode,
     Tensor,
@@ -70,7 +71,7 @@ class _Inputs:
     v_rows: Tensor  # [hidden × rows] int64: the V cache elements written (stored transposed)
 
 
-class GgmlGlobal:
+class GgmlGlobal(Owner):
     """The global transformer of one Nano folder: `prefill`/`fill` a prompt, `step` a row,
     `save`/`load` a prompt's shared rows. One sequence, N_CTX rows."""
 
@@ -334,13 +335,4 @@ class GgmlGlobal:
         for graph in getattr(self, "_steps", {}).values():
             graph.close()
         self._steps = {}
-        for name in ("_backend", "_weights"):
-            if getattr(self, name, None) is not None:
-                getattr(self, name).close()
-            setattr(self, name, None)
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown may have unloaded ctypes
-            pass
+        self.release("_backend", "_weights")

@@ -32,9 +32,9 @@ from ..graphs import (
     CpuBackend,
     GgmlType,
     Graph,
+    Owner,
     Rope,
     RopeMode,
-    SortOrder,
     Tensor,
     Weights,
     aligned,
@@ -47,6 +47,7 @@ from ..graphs import (
     tensor_bytes,
 )
 from ..native import libggml
+from ..tts.graph_sampling import penalised, sample
 from ..tts.sampling import Sampler, SamplingParams
 from .config import TransformerDims
 
@@ -93,7 +94,7 @@ class _Layer:
     v: Tensor  # transposed, [position, hd, head]: both products of attention read rows
 
 
-class GgmlLocal:
+class GgmlLocal(Owner):
     """The local transformer, its heads and sampling in ggml. HEADS: position 0's (continue,
     stop) rows, then the n_vq audio tables (tied: also the next position's inputs, read in
     place: keep them alive); START: position 1's input row. `frame` runs one frame; `forget`
@@ -223,8 +224,8 @@ class GgmlLocal:
         else:
             seen = g.view(self._seen_t, (self._vocab[p],), offset=(p - 1) * self.seen.shape[1],
                           name=f"{at}.seen")  # fmt: skip
-            logits = self._penalised(g, logits, seen, params, at)
-        pick, check = self._sample(g, logits, params, draw, at)
+            logits = penalised(g, logits, seen, params, at)
+        pick, check = sample(g, logits, params, draw, at)
         g.expand(g.cpy(pick, g.view(io.picks, (1,), offset=p, name=f"{at}.pick_slot"),
                        name=f"{at}.pick_out"))  # fmt: skip
         g.expand(g.cpy(check, g.view(io.checks, (1,), offset=p, name=f"{at}.check_slot"),
@@ -261,56 +262,6 @@ class GgmlLocal:
         normed = layer_norm(g, x, weight=lw.ln2[0], bias=lw.ln2[1], eps=eps, name=f"{at}.ln_2")
         up = g.gelu(linear(g, normed, *lw.up, name=f"{at}.fc_in"), name=f"{at}.gelu")
         return g.add(x, linear(g, up, *lw.down, name=f"{at}.fc_out"), name=f"{at}.out")
-
-    def _penalised(self, g: Graph, logits: Tensor, seen: Tensor, params: SamplingParams,
-                   at: str) -> Tensor:  # fmt: skip
-        """pick_one's penalty: a seen code's logit / penalty where positive, × penalty
-        otherwise, as logit + seen × (logit × (penalty - 1) + relu(logit) × (1/penalty -
-        penalty))."""
-        penalty = params.repetition_penalty
-        if penalty == 1.0:
-            return logits
-        change = g.add(g.scale(logits, penalty - 1.0, name=f"{at}.pen_all"),
-                       g.scale(g.relu(logits, name=f"{at}.pen_relu"), 1.0 / penalty - penalty,
-                               name=f"{at}.pen_positive"), name=f"{at}.pen_change")  # fmt: skip
-        return g.add(logits, g.mul(change, seen, name=f"{at}.pen_seen"), name=f"{at}.penalised")
-
-    def _sample(self, g: Graph, logits: Tensor, params: SamplingParams, draw: Tensor,
-                at: str) -> tuple[Tensor, Tensor]:  # fmt: skip
-        """(pick [1] int32, check [1]) of LOGITS [vocab] by pick_one's rule with DRAW [1]."""
-        vocab = logits.nelements
-        rows = g.reshape(logits, (1, vocab), name=f"{at}.logit_rows")  # a value a row
-        if params.greedy:
-            pick = g.argmax(g.reshape(logits, (vocab, 1), name=f"{at}.logit_row"),
-                            name=f"{at}.pick")  # fmt: skip
-            return pick, g.reshape(g.get_rows(rows, pick, name=f"{at}.picked_logit"), (1,),
-                                   name=f"{at}.check")  # fmt: skip
-        k = params.top_k if 0 < params.top_k < vocab else vocab
-        ids = g.top_k(logits, k, name=f"{at}.top_ids")  # in no order
-        values = g.get_rows(rows, ids, name=f"{at}.top_values")  # [1, k]
-        order = g.argsort(g.reshape(values, (k,), name=f"{at}.top_flat"), SortOrder.DESC,
-                          name=f"{at}.order")  # fmt: skip
-        # the ids in the order of their values: [1, k] int32
-        ids = g.get_rows(g.reshape(ids, (1, k), name=f"{at}.id_rows"), order,
-                         name=f"{at}.sorted_ids")  # fmt: skip
-        values = g.reshape(g.get_rows(values, order, name=f"{at}.sorted_rows"), (k,),
-                           name=f"{at}.sorted")  # fmt: skip
-        probs = g.soft_max(values, scale=1.0 / params.temperature, name=f"{at}.probs")
-        if params.top_p < 1.0:  # kept where the mass strictly ahead is below top_p
-            ahead = g.sub(g.cumsum(probs, name=f"{at}.mass"), probs, name=f"{at}.ahead")
-            room = g.scale_bias(ahead, -1.0, params.top_p, name=f"{at}.room")
-            probs = g.mul(probs, g.step(room, name=f"{at}.in_top_p"), name=f"{at}.top_p")
-        cumulative = g.cumsum(probs, name=f"{at}.cumulative")
-        kept = g.view(cumulative, (1,), offset=k - 1, name=f"{at}.kept")
-        point = g.mul(draw, kept, name=f"{at}.point")
-        # how many cumulative masses are <= the point: k minus those above it, at most k - 1
-        beyond = g.step(g.sub(cumulative, point, name=f"{at}.past_point"), name=f"{at}.beyond")
-        above = g.sum(beyond, name=f"{at}.above")
-        index = g.clamp(g.scale_bias(above, -1.0, float(k), name=f"{at}.below"), 0.0,
-                        float(k - 1), name=f"{at}.index")  # fmt: skip
-        pick = g.get_rows(ids, g.cast(index, GgmlType.I32, name=f"{at}.index_i32"),
-                          name=f"{at}.picked")  # fmt: skip
-        return g.reshape(pick, (1,), name=f"{at}.pick"), kept
 
     # -- work
 
@@ -364,14 +315,5 @@ class GgmlLocal:
         for frame in getattr(self, "_frames", {}).values():
             frame.graph.close()
         self._frames, self.logits = {}, []
-        for name in ("_backend", "_borrowed", "_store"):
-            if getattr(self, name, None) is not None:
-                getattr(self, name).close()
-            setattr(self, name, None)
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown may have unloaded ctypes
-            pass
+        self.release("_backend", "_borrowed", "_store")
 

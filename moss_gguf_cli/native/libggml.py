@@ -57,6 +57,7 @@ _BASE = {
     "ggml_mul": ([_VP, _VP, _VP], _VP),
     "ggml_add": ([_VP, _VP, _VP], _VP),
     "ggml_gelu": ([_VP, _VP], _VP),
+    "ggml_swiglu_split": ([_VP, _VP, _VP], _VP),
     "ggml_cpy": ([_VP, _VP, _VP], _VP),
     "ggml_soft_max_ext": ([_VP, _VP, _VP, ctypes.c_float, ctypes.c_float], _VP),
     "ggml_rope_ext": ([_VP, _VP, _VP, _VP, _I32, _I32, _I32] + [ctypes.c_float] * 6, _VP),
