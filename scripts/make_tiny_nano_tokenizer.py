@@ -1,11 +1,12 @@
 """Make moss_gguf_cli/nano/data/tiny_nano_tokenizer.model: the builtin tiny Nano's tokenizer.
 
-A SentencePiece BPE model laid out as MOSS-TTS-Nano's release has its tokenizer.model (DESIGN
-§12): `nmt_nfkc`, byte fallback, ids 0-3 `<unk> <s> </s> <pad>`, the six control tokens at ids
-4-9 as user-defined symbols (named here after the config keys whose ids they are), trained on a
-few sentences of English and Chinese. It is shipped as package data, made once with this
-script, so that users need neither sentencepiece nor a training run, and the builtin's bytes
-are the same on every machine; tests/test_nano_builtin.py remakes it and compares the bytes.
+A SentencePiece BPE model laid out as MOSS-TTS-Nano's release has its tokenizer.model
+(docs/nano.md): `nmt_nfkc`, byte fallback, ids 0-3 `<unk> <s> </s> <pad>`, the six control tokens
+at ids 4-9 as user-defined symbols (named here after the config keys whose ids they are),
+trained on a few sentences of English and Chinese. It is shipped as package data, made once
+with this script, so that users need neither sentencepiece nor a training run, and the
+builtin's bytes are the same on every machine; tests/test_nano_builtin.py remakes it and
+compares the bytes.
 
     python scripts/make_tiny_nano_tokenizer.py [OUT]   (needs the sentencepiece package)
 """

@@ -10,19 +10,28 @@ import yaml
 from in_process import moss_gguf
 
 from moss_gguf_cli.errors import InputError
-from moss_gguf_cli.families import DELAY, FAMILIES, NANO, for_config, for_folder, for_input
+from moss_gguf_cli.families import (
+    DELAY,
+    FAMILIES,
+    NANO,
+    REALTIME,
+    for_config,
+    for_folder,
+    for_input,
+)
 from moss_gguf_cli.nano.tiny import ensure_tiny_nano
 from moss_gguf_cli.source.checkpoint import resolve_model
 
 
 def test_every_family_is_registered_once_by_its_own_name():
-    assert [f.name for f in FAMILIES] == ["moss-tts-nano", "moss-tts-delay"]
+    assert [f.name for f in FAMILIES] == ["moss-tts-nano", "moss-tts-realtime", "moss-tts-delay"]
     assert FAMILIES[-1] is DELAY  # last: it claims what no other does
 
 
 @pytest.mark.parametrize(("model", "family"), [
-    ("builtin:tiny-nano", NANO), ("builtin:tiny", DELAY),
+    ("builtin:tiny-nano", NANO), ("builtin:tiny", DELAY), ("builtin:tiny-realtime", REALTIME),
     ("OpenMOSS-Team/MOSS-TTS-Nano-100M", NANO), ("OpenMOSS-Team/MOSS-TTS", DELAY),
+    ("OpenMOSS-Team/MOSS-TTS-Realtime", REALTIME),
 ])  # fmt: skip
 def test_an_input_is_claimed_by_its_family_without_a_download(model, family):
     assert for_input(model) is family
@@ -48,15 +57,15 @@ def test_a_synth_config_is_told_by_its_family_key(tiny_nano_folder, tmp_path):
 
 
 def test_a_family_this_version_does_not_speak_is_one_line(tmp_path):
-    config = tmp_path / "moss-tts-realtime.yaml"
-    config.write_text(yaml.safe_dump({"family": "moss-tts-realtime"}))
-    with pytest.raises(InputError, match="family 'moss-tts-realtime', which this moss-gguf"):
+    config = tmp_path / "moss-tts-local.yaml"
+    config.write_text(yaml.safe_dump({"family": "moss-tts-local"}))
+    with pytest.raises(InputError, match="family 'moss-tts-local', which this moss-gguf"):
         for_config(config)
     ran = moss_gguf("synth", "--config", str(config), "--text", "Hi", "-o",
                     str(tmp_path / "x.wav"))  # fmt: skip
     lines = ran.stderr.strip().splitlines()
     assert ran.returncode == 2 and len(lines) == 1, ran.stderr
-    assert "it speaks moss-tts-nano, moss-tts-delay" in lines[0]
+    assert "it speaks moss-tts-nano, moss-tts-realtime, moss-tts-delay" in lines[0]
     assert not (tmp_path / "x.wav").exists()
 
 

@@ -158,9 +158,12 @@ def test_builtin_local_lookalike_is_refused_by_every_converter(tmp_path: Path) -
 def test_a_lookalikes_hub_id_is_refused_by_its_name_before_any_download(tmp_path: Path) -> None:
     """With an empty cache and no network a listing or download would fail otherwise; the
     name alone says what it is, so nobody fetches gigabytes to be told."""
-    for repo, said in (("OpenMOSS-Team/MOSS-TTS-Local-Transformer", "MOSS-TTS-Local-Transformer"),
-                       ("OpenMOSS-Team/MOSS-TTS-Realtime", "MOSS-TTS-Realtime")):
-        proc = cli("all", "--model", repo, "--output", str(tmp_path / "a"), "--cache-dir",
+    # Realtime is a family `all` converts (tests/test_realtime_all.py); extract refuses it
+    for command, repo, said in (
+        ("all", "OpenMOSS-Team/MOSS-TTS-Local-Transformer", "MOSS-TTS-Local-Transformer"),
+        ("extract", "OpenMOSS-Team/MOSS-TTS-Realtime", "MOSS-TTS-Realtime"),
+    ):
+        proc = cli(command, "--model", repo, "--output", str(tmp_path / "a"), "--cache-dir",
                    str(tmp_path / "cache"))  # fmt: skip
         assert proc.returncode == 2 and said in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1

@@ -28,6 +28,7 @@ from moss_gguf_cli.families import FAMILIES, Family, for_config, for_folder, for
 SPEAK = {
     "moss-tts-delay": ("--max-new-tokens", "48", "--seed", "1"),  # past the 32-code delay
     "moss-tts-nano": ("--min-new-tokens", "6", "--max-new-tokens", "6", "--seed", "1"),
+    "moss-tts-realtime": ("--min-new-tokens", "6", "--max-new-tokens", "6", "--seed", "1"),
 }
 
 
@@ -37,11 +38,15 @@ REFUSES = {
                        "--min-new-tokens does not apply to a MOSS-TTS delay-model folder"),
     "moss-tts-nano": (("--instruction", "calm"),
                       "--instruction does not apply to a MOSS-TTS-Nano folder"),
+    "moss-tts-realtime": (("--instruction", "calm"),
+                          "--instruction does not apply to a MOSS-TTS-Realtime folder"),
 }
 # the same over HTTP: a request's fields
 REQUEST = {
     "moss-tts-delay": {"max_new_tokens": 48, "seed": 1},
     "moss-tts-nano": {"min_new_tokens": 6, "max_new_tokens": 6, "seed": 1},
+    # not served yet (its text-streaming route comes with #64): `serve` refuses it in one line
+    "moss-tts-realtime": None,
 }
 
 
@@ -73,10 +78,17 @@ def test_verify_passes_it_and_fails_a_tampered_copy(made, tmp_path):
     family, folder = made
     assert _verify(folder)["ok"]
     copy = Builds.copy(folder, tmp_path / "copy")
-    table = sorted(copy.rglob("*.npy"))[0]
-    values = np.load(table)
-    table.unlink()  # a hard link to the shared build: replaced, not written into
-    np.save(table, values + 1)
+    tables = sorted(copy.rglob("*.npy"))
+    if tables:  # a table changed
+        values = np.load(tables[0])
+        tables[0].unlink()  # a hard link to the shared build: replaced, not written into
+        np.save(tables[0], values + 1)
+    else:  # a folder of GGUFs alone: one byte of its first GGUF's last tensor changed
+        gguf = sorted(copy.glob("*.gguf"))[0]
+        data = bytearray(gguf.read_bytes())
+        data[-40] ^= 0x40
+        gguf.unlink()
+        gguf.write_bytes(bytes(data))
     report = _verify(copy)
     failed = [r["name"] for r in report["rows"] if r["status"] == "fail"]
     assert not report["ok"] and failed, report
@@ -107,6 +119,9 @@ def test_synth_refuses_another_familys_option_in_one_line(made, tmp_path):
 def served(made, tmp_path_factory):
     """`moss-gguf serve` on the folder `all` made, and the official client talking to it."""
     family, folder = made
+    if REQUEST[family.name] is None:
+        yield family, folder
+        return
     srv = start_serve(folder / family.synth_config, tmp_path_factory.mktemp("log") / "s.log",
                       "--api-key", KEY, "--voices", str(tmp_path_factory.mktemp("voices")))
     client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key=KEY, max_retries=0,
@@ -117,6 +132,11 @@ def served(made, tmp_path_factory):
 
 def test_serve_answers_the_openai_client_and_a_stream_is_the_whole(served):
     family, client = served
+    if REQUEST[family.name] is None:  # a family not served yet says so in one line
+        ran = moss_gguf("serve", "--config", str(client / family.synth_config))
+        assert ran.returncode == 2 and len(ran.stderr.strip().splitlines()) == 1, ran.stderr
+        assert f"serve does not speak {family.title} folders yet" in ran.stderr, ran.stderr
+        return
     [model] = [m.id for m in client.models.list().data]
     ask = dict(model=model, voice="alloy", input="Hello there.")
     wav = client.audio.speech.create(**ask, response_format="wav",

@@ -59,7 +59,7 @@ def test_a_release_folder_opens_from_its_config_with_ties_kept(tmp_path):
 
 
 def test_the_release_config_reads_as_the_release_is():
-    """The release's values (DESIGN §12), where upstream's class defaults differ (n_vq 8,
+    """The release's values (docs/nano.md), where upstream's class defaults differ (n_vq 8,
     Qwen-sized ids, 4 local layers)."""
     release = copy.deepcopy(CONFIG)
     release.update(n_vq=16, audio_vocab_size=1024, audio_pad_token_id=1024)

@@ -159,7 +159,7 @@ def test_verify_source_fails_a_config_that_is_not_the_sources(folder):
 def test_the_release_shaped_checkpoint_converts_and_verifies_against_its_source(
     release_nano_folder,
 ):
-    """Written as the release is (DESIGN's facts: float32 said over bf16 stored, nulls, no
+    """Written as the release is (the release's facts: float32 said over bf16 stored, nulls, no
     local_transformer.wte, special_tokens_map.json): every row passes under --source, so the
     release's quirks are not errors (test_nano_speak and test_nano_serve speak it)."""
     source = release_nano_folder.parent / "release"

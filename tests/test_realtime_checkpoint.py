@@ -24,8 +24,8 @@ from moss_gguf_cli.realtime.tiny import (
 from moss_gguf_cli.source.checkpoint import detect_lookalike
 from tests.in_process import moss_gguf
 
-# The release's dims (DESIGN §14; config as third-party loaders dump it from the Hub): Qwen3-1.7B
-# and four layers of the same shape, 16 codebooks of 1024 codes + pad, BOS, EOS.
+# The release's dims (docs/realtime.md; config as third-party loaders dump it from the Hub):
+# Qwen3-1.7B and four layers of the same shape, 16 codebooks of 1024 codes + pad, BOS, EOS.
 REAL = copy.deepcopy(CONFIG)
 REAL["language_config"].update(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16,
                                num_key_value_heads=8, head_dim=128, intermediate_size=6144,
@@ -207,16 +207,16 @@ def test_scaled_rope_and_other_models_are_not_realtime(tmp_path: Path) -> None:
     assert is_realtime({"architectures": ["MossTTSRealtime"]})  # a file without its type
 
 
-def test_the_delay_commands_refuse_it_pointing_at_the_coming_family(tmp_path: Path) -> None:
+def test_the_delay_commands_refuse_it_pointing_at_all(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedModelError) as exc:
         detect_lookalike(CONFIG, tmp_path / "config.json")
-    _one_line(exc, "MOSS-TTS-Realtime", "converts it in a coming version")
-    # the Hub id by its name, before any download (offline here: a download would fail
-    # differently)
+    _one_line(exc, "MOSS-TTS-Realtime", "`all` converts it into a Realtime folder")
+    # extract is the delay family's own: each form of the input is refused in one line, the Hub
+    # id by its name before any download (offline here: a download would fail differently)
     for model in ("builtin:tiny-realtime", str(ensure_tiny_realtime()),
                   "OpenMOSS-Team/MOSS-TTS-Realtime"):
-        ran = moss_gguf("all", "--model", model, "--output", str(tmp_path / "out"))
+        ran = moss_gguf("extract", "--model", model, "--output", str(tmp_path / "out"))
         lines = ran.stderr.strip().splitlines()
         assert ran.returncode == 2 and len(lines) == 1, ran.stderr
-        assert "MOSS-TTS-Realtime" in lines[0] and "coming version" in lines[0], lines[0]
+        assert "MOSS-TTS-Realtime" in lines[0] and "`all` converts it" in lines[0], lines[0]
     assert not (tmp_path / "out").exists()

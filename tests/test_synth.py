@@ -50,7 +50,7 @@ def test_yaml_paths_resolve_against_its_folder(weights, config, monkeypatch, tmp
     assert loaded.audio_decoder_onnx == (weights / "audio_tokenizer/decoder.onnx").resolve()
     assert loaded.flash_attn == "disabled" and loaded.n_threads == 1
     loaded.check_files(need_encoder=True)
-    assert config.text_temperature == 1.5 and config.audio_top_k == 25  # DESIGN defaults
+    assert config.text_temperature == 1.5 and config.audio_top_k == 25  # the documented defaults
 
 
 def test_unknown_keys_warn_and_wrong_types_name_the_key(weights, tmp_path, caplog):
@@ -127,7 +127,7 @@ def test_model_facts_come_from_the_meta(weights, config, tmp_path):
     assert (
         info.im_end_token_id == 151645 and info.source == weights.resolve() / "extraction_meta.json"
     )
-    # no meta anywhere: DESIGN defaults, n_vq from the tables present
+    # no meta anywhere: the documented defaults, n_vq from the tables present
     bare = tmp_path / "bare"
     (bare / "embeddings").mkdir(parents=True)
     for k in range(3):

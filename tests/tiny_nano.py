@@ -2,8 +2,8 @@
 
 Two shapes. `write_release` writes the short config most tests edit (the release's keys that
 the converter reads) and upstream's state dict saved by torch.save (tied heads over their
-tables' storage). `write_as_release` writes a checkpoint in the release's exact shape (DESIGN
-§12, "The release as it is"; `OpenMOSS-Team/MOSS-TTS-Nano-100M` at rev 44502f80): its
+tables' storage). `write_as_release` writes a checkpoint in the release's exact shape (docs/nano.md,
+"the release as it is"; `OpenMOSS-Team/MOSS-TTS-Nano-100M` at rev 44502f80): its
 config.json key for key (RELEASE_CONFIG: a top-level `"dtype": "float32"` over bf16 weights,
 nulls, gpt2_config as transformers 4.57.1's GPT2Config dumps it with all 80 keys), bf16 tensors
 under the release's 194 names (no `local_transformer.wte`), a tokenizer.model with the release's
@@ -25,7 +25,7 @@ from moss_gguf_cli.nano.checkpoint import expected_shapes
 from moss_gguf_cli.nano.config import NanoConfig
 from moss_gguf_cli.nano.tiny import CONFIG as TINY_NANO
 
-# the release's keys (DESIGN §12) as builtin:tiny-nano has them, at tinier sizes
+# the release's keys (docs/nano.md) as builtin:tiny-nano has them, at tinier sizes
 CONFIG = {
     **copy.deepcopy(TINY_NANO),
     "n_vq": 3,

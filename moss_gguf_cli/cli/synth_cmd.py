@@ -54,6 +54,10 @@ EXAMPLES = """
   moss-gguf synth --config weights-nano/moss-tts-nano.yaml --text-file story.txt \\
       --reference voice.wav -o story.wav --seed 7
 
+  # MOSS-TTS-Realtime (24 kHz mono), and the codes it made
+  moss-gguf synth --config weights-rt/moss-tts-realtime.yaml --text "Hello" -o hi.wav \\
+      --codes-out hi-codes.npy
+
   # upstream's command lines work as they are (--output defaults to output.wav)
   moss-gguf synth --config configs/llama_cpp/default.yaml --text "Hello!" \\
       --audio-temp 1.5 --audio-rep-penalty 1.2
@@ -162,6 +166,11 @@ def synth_command(
             "(24 kHz mono) to stdout, a .wav name gets a WAV, other names raw PCM.",
         ),
     ] = False,
+    codes_out: Annotated[
+        Path | None,
+        typer.Option("--codes-out", help="Also write the code grid the codec decodes "
+                     "(frames × codebooks, int64 .npy) to this file."),
+    ] = None,
     profile: Annotated[
         bool, typer.Option("--profile", help="Print where the time went, chunk by chunk.")
     ] = False,

@@ -401,9 +401,9 @@ def find_model_info(config: SynthConfig) -> ModelInfo:
             info = ModelInfo.from_moss_config(moss, source=path)
             log.debug("model facts from %s: n_vq %d, %s", path, info.n_vq, info.variant)
             return info
-    # no config: DESIGN defaults, n_vq from the audio tables actually present
+    # no config: the documented defaults, n_vq from the audio tables actually present
     count = len(list(config.embedding_dir.glob("emb_ext_*.npy")))
-    log.debug("no MOSS config beside %s; DESIGN defaults, n_vq %d", config.source, count)
+    log.debug("no MOSS config beside %s; the documented defaults, n_vq %d", config.source, count)
     return ModelInfo(n_vq=count) if count else ModelInfo()
 
 

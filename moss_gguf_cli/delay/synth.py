@@ -29,7 +29,7 @@ from .language import language_name
 from .speech import SpeechPlan
 
 # the options another family takes and this one does not
-REFUSED = {"--min-new-tokens": "min_new_tokens"}
+REFUSED = {"--min-new-tokens": "min_new_tokens", "--codes-out": "codes_out"}
 
 
 def synth_delay(config: Path, o: dict[str, Any], progress: ProgressReporter) -> Spoken | Planned:

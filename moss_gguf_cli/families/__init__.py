@@ -16,12 +16,14 @@ from ..errors import InputError
 from .delay import DELAY
 from .family import Family
 from .nano import NANO
+from .realtime import REALTIME
 
 # asked in order; the delay family last: it claims what no other does (its readers refuse a
 # look-alike by name)
-FAMILIES: tuple[Family, ...] = (NANO, DELAY)
+FAMILIES: tuple[Family, ...] = (NANO, REALTIME, DELAY)
 
-__all__ = ["DELAY", "FAMILIES", "NANO", "Family", "for_config", "for_folder", "for_input"]
+__all__ = ["DELAY", "FAMILIES", "NANO", "REALTIME", "Family", "for_config", "for_folder",
+           "for_input"]
 
 
 def for_input(model: str) -> Family:

@@ -37,7 +37,7 @@ _DTYPE_ALIASES = {"half": "float16", "float": "float32", "double": "float64"}
 def declared_dtype(config: dict[str, Any]) -> str | None:
     """The dtype CONFIG says the weights are: `dtype` (transformers >= 4.56 writes this), else
     `torch_dtype`; None where it says none or "auto". Never used to read the weights, which are
-    read as stored: the release says "float32" over bf16 weights (DESIGN §12)."""
+    read as stored: the release says "float32" over bf16 weights (docs/nano.md)."""
     for key in ("dtype", "torch_dtype"):
         value = config.get(key)
         if isinstance(value, str) and value:

@@ -28,6 +28,7 @@ from ..quantize.llama import QuantizeSettings
 from ..source.audio_tokenizer import FLAG as CODEC_FLAG
 from ..source.audio_tokenizer import NONE
 from ..source.checkpoint import BUILTIN_PREFIX, INDEX_NAME, SINGLE_NAME
+from ..source.family_input import claims_model, local_model
 from ..source.hub import check_files, download, is_repo_id, list_files
 from ..verify import VerifyReport
 from .checkpoint import TOKENIZER_NAME, TORCH_NAME, is_nano_folder, open_nano
@@ -48,12 +49,7 @@ _HUB_NAME = "moss-tts-nano"
 
 def is_nano_input(model: str) -> bool:
     """Whether --model is a MOSS-TTS-Nano checkpoint (looked at without downloading)."""
-    if model.startswith(BUILTIN_PREFIX):
-        return model == BUILTIN
-    folder = Path(model).expanduser()
-    if folder.exists():
-        return folder.is_dir() and is_nano_folder(folder)
-    return is_repo_id(model) and model.split("/")[-1].lower().startswith(_HUB_NAME)
+    return claims_model(model, BUILTIN, is_nano_folder, _HUB_NAME)
 
 
 @dataclass
@@ -149,21 +145,9 @@ def check_nano_settings(
 
 
 def resolve_nano(settings: AllSettings, bar: ProgressReporter) -> Path:
-    """A local folder for the model: the builtin, the folder itself, or a Hub snapshot (its
-    files checked against the download's record)."""
-    model = settings.model
-    if model == BUILTIN:
-        return ensure_tiny_nano()
-    path = Path(model).expanduser()
-    if path.exists():
-        return path
-    listing = list_files(model, settings.revision, settings.cache_dir)
-    snapshot = download(model, HUB_PATTERNS, settings.revision, settings.cache_dir, bar)
-    if listing is not None:
-        rels = sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*")
-                      if p.is_file())  # fmt: skip
-        check_files(listing, snapshot, rels, bar)
-    return snapshot
+    """A local folder for the model: the builtin, the folder itself, or a Hub snapshot."""
+    return local_model(settings.model, BUILTIN, ensure_tiny_nano, settings.revision,
+                       settings.cache_dir, HUB_PATTERNS, bar)  # fmt: skip
 
 
 def _codec_spec(settings: AllSettings) -> str:

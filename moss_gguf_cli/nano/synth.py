@@ -151,7 +151,7 @@ REFUSED = {"--reference-text": "reference_text", "--instruction": "instruction",
            "--sound-event": "sound_event", "--ambient-sound": "ambient_sound",
            "--heads-backend": "heads_backend", "--n-gpu-layers": "n_gpu_layers",
            "--flash-attn": "flash_attn", "--dry-run": "dry_run", "--json": "as_json",
-           "--lora": "lora"}  # fmt: skip
+           "--lora": "lora", "--codes-out": "codes_out"}  # fmt: skip
 SAMPLING = ("max_new_tokens", "min_new_tokens", "text_temperature", "text_top_p", "text_top_k",
             "audio_temperature", "audio_top_p", "audio_top_k", "audio_repetition_penalty",
             "seed")  # fmt: skip

@@ -14,7 +14,6 @@ warning row. `--deep` runs each GGUF in llama.cpp against the exact file (nano_d
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -22,11 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..disk.confine import boundary, confined, table_header
+from ..disk.confine import table_header
 from ..errors import InputError, UsageError
 from ..gguf.read import GgufFile, GgufFormatError, read_gguf
 from ..report import Rows
 from ..source.checkpoint import BUILTIN_PREFIX
+from ..verify.folder_files import folder_json, synth_config_problems
 from ..verify.manifest import format_manifest, manifest_problems
 from ..verify.quality import tensor_threshold
 from ..verify.result import GROUPS, VerifyReport
@@ -58,7 +58,7 @@ def verify_nano(target: Path, source: str | None, deep: bool) -> VerifyReport:
     n = len(manifest.get("files") or [])
     rows.check("manifest files", manifest_problems(folder, manifest),
                f"{n} files, sizes and sha256 as listed")  # fmt: skip
-    nano = NanoConfig.from_dict(_json(folder / "config.json"), folder / "config.json")
+    nano = NanoConfig.from_dict(folder_json(folder / "config.json"), folder / "config.json")
     ggufs = _file_rows(folder, manifest, nano, rows)
     rows.group = "gguf"
     for path in ggufs:
@@ -94,17 +94,6 @@ def _deep(checkpoint: NanoCheckpoint | None, ggufs: dict[Path, str], folder: Pat
     deep_rows(checkpoint, ggufs, rows)
 
 
-def _json(path: Path) -> dict:
-    try:
-        data = json.loads(confined(path, boundary(path.parent)).read_text())
-    except (OSError, ValueError, RecursionError) as exc:
-        raise InputError(f"cannot be read as JSON ({exc})", path=path,
-                         hint="make the folder again with moss-gguf all") from None  # fmt: skip
-    if not isinstance(data, dict):
-        raise InputError("is not a JSON object", path=path)
-    return data
-
-
 def _file_rows(folder: Path, manifest: dict, nano: NanoConfig, rows: Rows) -> list[Path]:
     """The folder's parts; the GGUFs the manifest lists that are there."""
     rows.group = "files"
@@ -118,7 +107,8 @@ def _file_rows(folder: Path, manifest: dict, nano: NanoConfig, rows: Rows) -> li
     problem = tokenizer_problem(tok, nano.dims.vocab) if tok.is_file() else "is missing"
     rows.check("tokenizer", [f"tokenizer.model {problem}"] if problem else [],
                "tokenizer.model loads, encodes, every id inside the text table")  # fmt: skip
-    rows.check("synth config", _yaml_problems(folder), "every path names what exists")
+    rows.check("synth config", synth_config_problems(folder, YAML_PATHS),
+               "every path names what exists")  # fmt: skip
     _codec_row(folder, rows)
     return [folder / n for n in names if n not in missing]
 
@@ -157,19 +147,6 @@ def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
         return table_header(path)
     array = np.load(path, mmap_mode="r", allow_pickle=False)
     return tuple(array.shape), array.dtype
-
-
-def _yaml_problems(folder: Path) -> list[str]:
-    import yaml
-
-    problems = []
-    for path in sorted(folder.glob("*.yaml")):
-        config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        for key in YAML_PATHS:
-            value = config.get(key)
-            if value is not None and not (folder / str(value)).exists():
-                problems.append(f"{path.name}: {key} {value} does not exist")
-    return problems or ([] if any(folder.glob("*.yaml")) else ["no synth config"])
 
 
 def _codec_row(folder: Path, rows: Rows) -> None:

@@ -29,7 +29,7 @@ TITLE = "MOSS-TTS-Realtime"
 MODEL_TYPE = "moss_tts_realtime"
 ARCHITECTURE = "MossTTSRealtime"
 LOCAL_MODEL_TYPE = "moss_tts_realtime_local_transformer"
-_HINT = "config.json should be the release's own; download it again"
+_HINT = f"config.json should be {TITLE}'s own; download it again"
 # the rows after the codes: pad, audio BOS, audio EOS (upstream's processor: 1024, 1025, 1026)
 SPECIAL_ROWS = 3
 # the rope forms that rotate as plain RoPE does: "linear" with factor 1 is the depth

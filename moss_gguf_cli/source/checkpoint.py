@@ -267,10 +267,9 @@ _REFUSED_TYPES = {
     "moss_soundeffect": "MOSS-SoundEffect v2.0",
 }
 _ONLY_DELAY = "only MOSS delay models convert to a llama.cpp backbone"
-# MOSS-TTS-Realtime: its own family's room (realtime/) reads and checks it; it converts in a
-# coming version (#63), and is registered in families/ then
-_REALTIME_COMING = ("its own family (docs/realtime.md) converts it in a coming version of "
-                    "moss-gguf")
+# MOSS-TTS-Realtime: its own family (realtime/, registered in families/); `all` routes it there,
+# the delay family's own commands (extract, convert) refuse it
+_REALTIME_ROUTE = "`all` converts it into a Realtime folder (docs/realtime.md)"
 _REALTIME_BUILTIN = "builtin:tiny-realtime"
 
 
@@ -289,9 +288,9 @@ def detect_lookalike(config: dict[str, Any], path: Path) -> None:
     if model_type == "moss_tts_realtime" or "MossTTSRealtime" in archs:
         raise UnsupportedModelError(
             f"MOSS-TTS-Realtime (model_type {model_type or 'missing'!r}) is not a MOSS delay "
-            f"model; {_REALTIME_COMING}",
+            f"model; {_REALTIME_ROUTE}",
             path=path,
-            hint=_ONLY_DELAY,
+            hint="run: moss-gguf all --model FOLDER --output DIR",
         )
     if model_type in _REFUSED_TYPES:
         raise UnsupportedModelError(
@@ -505,9 +504,8 @@ def resolve_model(
 ) -> Path:
     """A local folder for MODEL: itself, the builtin tiny checkpoint, or a Hub snapshot."""
     if model == _REALTIME_BUILTIN:
-        raise UnsupportedModelError(f"{model} is MOSS-TTS-Realtime; {_REALTIME_COMING}",
-                                    hint="the builtins that convert today: builtin:tiny, "
-                                    "builtin:tiny-nano")  # fmt: skip
+        raise UnsupportedModelError(f"{model} is MOSS-TTS-Realtime; {_REALTIME_ROUTE}",
+                                    hint=f"run: moss-gguf all --model {model} --output DIR")
     if model.startswith(BUILTIN_PREFIX):
         from .tiny import ensure_tiny
 
@@ -531,7 +529,7 @@ def resolve_model(
 # Hub repos known by name not to be delay models, refused before their download (their
 # config would refuse them after it): the repo's name, lower case, starts with the key
 _HUB_LOOKALIKES = {
-    "moss-tts-realtime": f"MOSS-TTS-Realtime; {_REALTIME_COMING}",
+    "moss-tts-realtime": f"MOSS-TTS-Realtime; {_REALTIME_ROUTE}",
     "moss-tts-local-transformer": "MOSS-TTS-Local-Transformer, which is not a MOSS delay "
     "model; a coming version converts it (--format openmoss / crispasr)",
 }

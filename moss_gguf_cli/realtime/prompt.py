@@ -1,0 +1,73 @@
+"""MOSS-TTS-Realtime's prompt rows, as upstream's inferencer builds them (moss_tts_realtime/
+inferencer.py at 58b20a0: `MossTTSRealtimeProcessor.make_ensemble`, `_build_prefill_batch`).
+
+A row is [text id, code 1, …, code rvq]. The prompt is the system turn, then (cloning a voice)
+a context turn whose `<|audio_pad|>` rows carry the reference's codes, then
+`<|im_start|>assistant\\n`; every audio cell there is the pad code. After it come the first
+TEXT_LEAD tokens of the text (all of it when shorter), the last of them carrying the audio BOS
+in codebook 1: the model reads the text that far ahead of the audio. Each generated frame's
+row is then the next text token (`<|text_pad|>` once the text is used up) and the frame's codes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InputError
+
+SYSTEM = ("<|im_start|>system\nYou are a highly expressive text-to-speech (TTS) engine developed "
+          "by Mosi Intelligence. \nYou possess natural language understanding, emotional "
+          "modeling, and multi-style speech generation capabilities, allowing you to generate "
+          "the corresponding speech based on the text given in the assistant.<|im_end|>\n")
+VOICE = ("<|im_start|>context\nThe assistant section should be synthesized using the following "
+         "voice timbre:{pads}<|im_end|>\n")
+ASSISTANT = "<|im_start|>assistant\n"
+AUDIO_PAD_TOKEN = "<|audio_pad|>"
+
+
+@dataclass(frozen=True)
+class PromptIds:
+    """The ids the prompt needs from the config."""
+
+    rvq: int
+    audio_pad: int  # the code of an empty cell (1024)
+    audio_bos: int  # 1025
+    reference_audio_pad: int  # the text id of a reference row (<|audio_pad|>)
+    text_pad: int  # the text id once the text is used up (<|text_pad|>)
+
+
+def prompt_rows(encode, ids: PromptIds, text_ids: list[int], lead: int,
+                reference: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """The (rows, 1 + rvq) int64 prompt: system turn, voice turn (REFERENCE: (frames, ≥ rvq)
+    codes), the assistant's opening, the first LEAD text ids. ENCODE: text → ids, as the
+    tokenizer encodes special tokens."""
+    if not text_ids:
+        raise InputError("the text is empty after tokenizing", hint="give some text to speak")
+    head = SYSTEM
+    if reference is not None:
+        head += VOICE.format(pads=AUDIO_PAD_TOKEN * reference.shape[0])
+    turn = list(encode(head))
+    rows = np.full((len(turn), ids.rvq + 1), ids.audio_pad, np.int64)
+    rows[:, 0] = turn
+    if reference is not None:
+        at = np.flatnonzero(rows[:, 0] == ids.reference_audio_pad)
+        if at.size != reference.shape[0]:
+            raise InputError(f"the tokenizer made {at.size} {AUDIO_PAD_TOKEN} rows for a "
+                             f"{reference.shape[0]}-frame reference",
+                             hint="the tokenizer is not the model's")  # fmt: skip
+        rows[at[0] : at[-1] + 1, 1:] = reference[:, : ids.rvq]
+    opening = list(encode(ASSISTANT))
+    tail = np.full((len(opening) + min(lead, len(text_ids)), ids.rvq + 1), ids.audio_pad,
+                   np.int64)  # fmt: skip
+    tail[:, 0] = opening + text_ids[:lead]
+    tail[-1, 1] = ids.audio_bos
+    return np.concatenate([rows, tail])
+
+
+def text_at(text_ids: list[int], frame: int, lead: int, text_pad: int) -> int:
+    """The text id of generated frame FRAME's row (frame 1 is the first row after the
+    prompt): the lead's next token, then text_pad."""
+    at = min(lead, len(text_ids)) + frame - 1
+    return text_ids[at] if at < len(text_ids) else text_pad
