@@ -1,9 +1,10 @@
 """Every family in the registry does what a family does (docs/ARCHITECTURE.md §6, the family
 interface, step 5): claims its builtin, `all` makes a folder of it that the registry
-claims back, `verify` passes it and fails it once a file is tampered with, and `synth` speaks
-from the config `all` wrote, and `serve` answers the official openai client, a stream the
-bytes of the whole answer. A new family is one row in SPEAK and REQUEST and nothing else
-here."""
+claims back, `verify` passes it and fails it once a file is tampered with, `synth` speaks
+from the config `all` wrote (`--codes-out` writing the code grid it decoded), and `serve`
+answers the official openai client, a stream the bytes of the whole answer (a family not
+served yet refuses in one line). A new family is one row in SPEAK, REFUSES and REQUEST and
+nothing else here."""
 
 from __future__ import annotations
 
@@ -96,14 +97,19 @@ def test_verify_passes_it_and_fails_a_tampered_copy(made, tmp_path):
 
 def test_synth_speaks_from_the_config_all_wrote(made, tmp_path):
     family, folder = made
-    out = tmp_path / "a.wav"
+    out, codes = tmp_path / "a.wav", tmp_path / "a.npy"
     done = subprocess.run([sys.executable, "-m", "moss_gguf_cli", "synth", "--config",
                            str(folder / family.synth_config), "--text", "Hello there.",
-                           *SPEAK[family.name], "-o", str(out), "-q"],
+                           *SPEAK[family.name], "-o", str(out), "--codes-out", str(codes), "-q"],
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     info = sf.info(str(out))
     assert info.frames > 0 and info.samplerate in (24_000, 48_000), info
+    # --codes-out: the grid the codec decoded, a frame of codes per 80 ms of the WAV
+    grid = np.load(codes, allow_pickle=False)
+    assert grid.dtype == np.int64 and grid.ndim == 2 and grid.shape[1] in (16, 32), grid.shape
+    assert grid.shape[0] * info.samplerate // 25 * 2 == info.frames, (grid.shape, info.frames)
+    assert 0 <= grid.min() and grid.max() < 1024
 
 
 def test_synth_refuses_another_familys_option_in_one_line(made, tmp_path):

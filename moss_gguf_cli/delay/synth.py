@@ -9,12 +9,22 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..doctor import preflight
 from ..errors import UsageError
 from ..progress import ProgressReporter
 from ..quantize.engines import Engine
 from ..tts.lora import LoraSpec
-from ..tts.spoken import Planned, Spoken, Table, read_text, refuse_options, sink_of
+from ..tts.spoken import (
+    Planned,
+    Spoken,
+    Table,
+    read_text,
+    refuse_options,
+    sink_of,
+    write_codes,
+)
 from . import (
     Speaker,
     SynthConfig,
@@ -29,7 +39,7 @@ from .language import language_name
 from .speech import SpeechPlan
 
 # the options another family takes and this one does not
-REFUSED = {"--min-new-tokens": "min_new_tokens", "--codes-out": "codes_out"}
+REFUSED = {"--min-new-tokens": "min_new_tokens"}
 
 
 def synth_delay(config: Path, o: dict[str, Any], progress: ProgressReporter) -> Spoken | Planned:
@@ -65,6 +75,8 @@ def synth_delay(config: Path, o: dict[str, Any], progress: ProgressReporter) -> 
         result = synth_to_wav(settings, sink, words, progress=progress, **options)
     else:
         result = synth_stream(settings, sink, words, fmt, progress=progress, **options)
+    if o.get("codes_out") is not None and result.codes:  # every segment's frames, undelayed
+        write_codes(o["codes_out"], np.concatenate(result.codes))
     p = result.profile
     chunks = f" ({len(result.chunks)} chunks)" if len(result.chunks) > 1 else ""
     # measured after the run, in the same process: the floor's bandwidth is now's

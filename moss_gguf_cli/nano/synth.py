@@ -13,7 +13,7 @@ import numpy as np
 from ..doctor import preflight
 from ..errors import InputError, OutputError, UsageError
 from ..quantize.engines import Engine
-from ..tts.spoken import Spoken, Table, read_text, refuse_options, sink_of
+from ..tts.spoken import Spoken, Table, read_text, refuse_options, sink_of, write_codes
 from ..tts.streaming import pcm16, wav_header
 from .engine import (
     ContextTooShort,
@@ -151,7 +151,7 @@ REFUSED = {"--reference-text": "reference_text", "--instruction": "instruction",
            "--sound-event": "sound_event", "--ambient-sound": "ambient_sound",
            "--heads-backend": "heads_backend", "--n-gpu-layers": "n_gpu_layers",
            "--flash-attn": "flash_attn", "--dry-run": "dry_run", "--json": "as_json",
-           "--lora": "lora", "--codes-out": "codes_out"}  # fmt: skip
+           "--lora": "lora"}  # fmt: skip
 SAMPLING = ("max_new_tokens", "min_new_tokens", "text_temperature", "text_top_p", "text_top_k",
             "audio_temperature", "audio_top_p", "audio_top_k", "audio_repetition_penalty",
             "seed")  # fmt: skip
@@ -174,6 +174,9 @@ def synth_options(config: Path, o: dict[str, Any], progress: Any = None) -> Spok
     reference = (o["reference"] or [None])[0]
     result = nano_synth(folder, sink, words or "", reference, settings, fmt, o["threads"],
                         o["n_ctx"])  # fmt: skip
+    if o.get("codes_out") is not None:  # every chunk's frames, in order (each decoded alone)
+        write_codes(o["codes_out"], np.stack([c for chunk in result.speech.chunks
+                                              for c in chunk.codes]))  # fmt: skip
     p, chunks = result.profile, len(result.speech.chunks)
     rtf = p.total_s / result.seconds if result.seconds else 0.0
     more = f" ({chunks} chunks)" if chunks > 1 else ""

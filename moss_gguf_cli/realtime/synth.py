@@ -19,7 +19,7 @@ from ..errors import InputError, OutputError, UsageError
 from ..quantize.engines import Engine
 from ..tts.codec import SAMPLE_RATE, AudioCodec, read_reference
 from ..tts.sampling import Sampler, SamplingParams
-from ..tts.spoken import Spoken, read_text, refuse_options, sink_of
+from ..tts.spoken import Spoken, read_text, refuse_options, sink_of, write_codes
 from ..tts.streaming import StreamSettings, WindowDecoder, pcm16, probe_receptive_field, wav_header
 from .config import FAMILY_NAME, TITLE
 from .engine import EngineSettings, RealtimeEngine
@@ -181,7 +181,7 @@ def realtime_synth(config: RealtimeFolderConfig, output: Path | BinaryIO, text: 
     finally:
         engine.close()
     if codes_out is not None:
-        _save_codes(codes_out, codes)
+        write_codes(codes_out, codes)
     ended = ending.why or ("max" if len(codes) >= settings.max_new_tokens else "eos")
     return RealtimeResult(output if isinstance(output, Path) else None, len(codes), samples,
                           time.perf_counter() - started, ended)  # fmt: skip
@@ -231,19 +231,6 @@ def _write(frames, codec: AudioCodec, sink: BinaryIO, stream: str | None
 def _no_audio() -> NoAudio:
     return NoAudio("the model stopped before its first frame: there is no audio to write",
                    hint="try another --seed, or --min-new-tokens N to mask the stop")  # fmt: skip
-
-
-def _save_codes(path: Path, codes: np.ndarray) -> None:
-    """The (frames, rvq) code grid as an .npy, written under a temporary name."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            np.save(f, codes.astype(np.int64), allow_pickle=False)
-        tmp.replace(path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise OutputError(f"cannot write the codes ({exc.strerror})", path=path) from None
 
 
 def synth_options(config: Path, o: dict[str, Any], progress: Any = None) -> Spoken:

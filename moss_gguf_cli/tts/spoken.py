@@ -1,6 +1,7 @@
 """What `synth` returns for any family, for the CLI to render without knowing which one spoke:
 the file written, a summary line, warnings (nothing cut silently), a profile table; or, with
---dry-run, the plan. And the one refusal of the options a family does not take."""
+--dry-run, the plan. And the one refusal of the options a family does not take, and the one
+writer of `--codes-out`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError, UsageError
+import numpy as np
+
+from ..errors import InputError, OutputError, UsageError
 
 
 @dataclass(frozen=True)
@@ -74,3 +77,20 @@ def sink_of(output: Path, stream: bool) -> tuple[Any, str | None]:
     if str(output) == "-":
         return sys.stdout.buffer, "pcm"
     return output, "wav" if output.suffix.lower() == ".wav" else "pcm"
+
+
+def write_codes(path: Path, codes: np.ndarray) -> None:
+    """`--codes-out`: the code grid the codec decodes, (frames, codebooks) int64 as an .npy,
+    written under a temporary name and renamed when complete."""
+    path = Path(path)
+    if path.is_dir() or not path.parent.is_dir():
+        raise OutputError("not a file in an existing folder", path=path,
+                          hint="name an .npy file in a folder that exists")  # fmt: skip
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            np.save(f, np.asarray(codes, np.int64), allow_pickle=False)
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OutputError(f"cannot write the codes ({exc.strerror})", path=path) from None
