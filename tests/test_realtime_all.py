@@ -85,3 +85,23 @@ def test_verify_catches_a_changed_tensor_the_manifest_agrees_with(builds, tmp_pa
     failed = {r["name"]: r["detail"] for r in report["rows"] if r["status"] == "fail"}
     assert done.returncode == 1 and list(failed) == ["realtime_depth_q8_0.gguf: values"], failed
     assert "depth_head.3.weight (Q8_0)" in failed["realtime_depth_q8_0.gguf: values"]
+
+
+def test_verify_deep_runs_each_gguf_against_the_exact_files(builds, tmp_path) -> None:
+    folder = builds.all("--model", "builtin:tiny-realtime").path
+    done = run("verify", str(folder), "--deep", "--json", cache=tmp_path / "hub")
+    report = json.loads(done.stdout)
+    deep = {r["name"]: r for r in report["rows"] if r["group"] == "deep"}
+    assert done.returncode == 0 and report["ok"], done.stderr
+    assert sorted(deep) == ["realtime_backbone_q8_0.gguf: ours vs exact",
+                            "realtime_depth_q8_0.gguf: ours vs exact"]  # fmt: skip
+    assert all(r["status"] == "pass" for r in deep.values()), deep
+    # without the source there is nothing exact to run against: one line
+    copy = builds.copy(folder, tmp_path / "w")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["source_model"] = str(tmp_path / "gone")
+    (copy / "manifest.json").unlink()
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    done = run("verify", str(copy), "--deep", cache=tmp_path / "hub")
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "--deep compares" in lines[0], done.stderr

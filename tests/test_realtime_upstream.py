@@ -23,8 +23,8 @@ import soundfile as sf
 
 from moss_gguf_cli.realtime.checkpoint import open_realtime
 from moss_gguf_cli.realtime.engine import EngineSettings, RealtimeEngine
-from moss_gguf_cli.realtime.prompt import PromptIds, prompt_rows, text_at
-from moss_gguf_cli.realtime.synth import RealtimeFolderConfig, _tokenizer
+from moss_gguf_cli.realtime.prompt import PromptIds, prompt_rows, text_at, text_encoder
+from moss_gguf_cli.realtime.synth import RealtimeFolderConfig
 from moss_gguf_cli.realtime.tiny import ensure_tiny_realtime
 from moss_gguf_cli.tts.sampling import Sampler, SamplingParams
 from tests.in_process import moss_gguf
@@ -82,7 +82,7 @@ def _reference(name: str) -> np.ndarray | None:
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_prompt_rows_and_text_fed_are_upstream_s(name: str, config: RealtimeFolderConfig) -> None:
-    case, encode = CASES[name], _tokenizer(config.tokenizer)
+    case, encode = CASES[name], text_encoder(config.tokenizer)
     assert encode(case["text"]) == case["text_ids"]
     rows = prompt_rows(encode, config.ids, case["text_ids"], config.lead, _reference(name))
     np.testing.assert_array_equal(rows, _array(name, "prompt"))
@@ -118,7 +118,7 @@ def test_greedy_frames_are_upstream_s(name: str, engine: RealtimeEngine,
                                       config: RealtimeFolderConfig) -> None:  # fmt: skip
     """The whole loop, free-running: the picks of 1024 and 1025 fed back as upstream does
     (`short` picks 1024 at frame 8), the stop masked, nothing else."""
-    case, encode = CASES[name], _tokenizer(config.tokenizer)
+    case, encode = CASES[name], text_encoder(config.tokenizer)
     frames = engine.frames(case["text_ids"], encode, Sampler(GREEDY, GREEDY, 0), lead=config.lead,
                            max_frames=FRAMES, min_frames=FRAMES, window=50,
                            reference=_reference(name))  # fmt: skip

@@ -12,9 +12,11 @@ row is then the next text token (`<|text_pad|>` once the text is used up) and th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from ..disk.confine import boundary, confined
 from ..errors import InputError
 
 SYSTEM = ("<|im_start|>system\nYou are a highly expressive text-to-speech (TTS) engine developed "
@@ -36,6 +38,19 @@ class PromptIds:
     audio_bos: int  # 1025
     reference_audio_pad: int  # the text id of a reference row (<|audio_pad|>)
     text_pad: int  # the text id once the text is used up (<|text_pad|>)
+
+
+def text_encoder(folder: Path):
+    """The folder's tokenizer.json as a text → ids function (special tokens in the text read
+    as theirs, none added: upstream's `tokenizer(text)` on Qwen3's tokenizer)."""
+    from tokenizers import Tokenizer
+
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise InputError("tokenizer.json is missing", path=folder,
+                         hint="make the folder again with moss-gguf all")  # fmt: skip
+    tok = Tokenizer.from_file(str(confined(path, boundary(folder))))
+    return lambda text: tok.encode(text, add_special_tokens=False).ids
 
 
 def prompt_rows(encode, ids: PromptIds, text_ids: list[int], lead: int,

@@ -24,7 +24,7 @@ from ..tts.streaming import StreamSettings, WindowDecoder, pcm16, probe_receptiv
 from .config import FAMILY_NAME, TITLE
 from .engine import EngineSettings, RealtimeEngine
 from .layout import RealtimeSettings
-from .prompt import PromptIds
+from .prompt import PromptIds, text_encoder
 
 # the options of `synth` a Realtime folder does not take (the delay models' text options, …)
 REFUSED = {"--reference-text": "reference_text", "--instruction": "instruction",
@@ -121,17 +121,6 @@ def valid_frames(frames, codes: int, ending: Ending):
         yield frame
 
 
-def _tokenizer(folder: Path):
-    from tokenizers import Tokenizer
-
-    path = folder / "tokenizer.json"
-    if not path.is_file():
-        raise InputError("tokenizer.json is missing", path=folder,
-                         hint="make the folder again with moss-gguf all")  # fmt: skip
-    tok = Tokenizer.from_file(str(path))
-    return lambda text: tok.encode(text, add_special_tokens=False).ids
-
-
 def realtime_synth(config: RealtimeFolderConfig, output: Path | BinaryIO, text: str,
                    reference: Path | None, settings: RealtimeSettings, seed: int | None,
                    stream: str | None = None, threads: int | None = None,
@@ -143,7 +132,7 @@ def realtime_synth(config: RealtimeFolderConfig, output: Path | BinaryIO, text: 
     if config.decoder is None:
         raise InputError("the folder has no audio tokenizer: it cannot speak", path=config.source,
                          hint="make it with --audio-tokenizer (the default one)")  # fmt: skip
-    encode = _tokenizer(config.tokenizer)
+    encode = text_encoder(config.tokenizer)
     codec = AudioCodec(config.decoder, config.encoder, n_vq=config.ids.rvq,
                        n_threads=threads or 0)  # fmt: skip
     ref_codes = None

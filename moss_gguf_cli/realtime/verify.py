@@ -31,8 +31,10 @@ from .checkpoint import RealtimeCheckpoint, expected_shapes, open_realtime
 from .config import RealtimeConfig
 from .depth_gguf import depth_names
 from .layout import BACKBONE_STEM, CODEC_DIR, FORMAT
+from .prompt import text_encoder
 from .tiny import NAME as TINY
 from .tiny import ensure_tiny_realtime
+from .verify_deep import deep_rows
 
 KIND = "realtime"
 YAML_PATHS = ("backbone_gguf", "depth_gguf", "tokenizer_dir", "audio_decoder_onnx",
@@ -48,9 +50,6 @@ def verify_realtime(target: Path, source: str | None, deep: bool) -> VerifyRepor
     """The Realtime rows for the folder TARGET; failing checks are rows."""
     started = time.perf_counter()
     folder = Path(target).expanduser()
-    if deep:
-        raise UsageError("--deep is not there yet for MOSS-TTS-Realtime folders",
-                         hint="leave --deep out: the values are checked against --source")
     manifest = realtime_manifest(folder) or {}
     rows = Rows()
     rows.group = "manifest"
@@ -78,6 +77,13 @@ def verify_realtime(target: Path, source: str | None, deep: bool) -> VerifyRepor
         for path, reader in readers.items():
             rows.check(f"{path.name}: values", _value_problems(reader, path, checkpoint, steered),
                        "every tensor is the source's, bit for bit as written")
+    if deep:
+        if checkpoint is None:
+            raise UsageError("--deep compares ours with the exact files written from the source, "
+                             "and the source is not here", path=folder,
+                             hint="pass --source with the checkpoint the folder was made from")
+        deep_rows(checkpoint, {p: manifest["quant_types"][p.name] for p in readers},
+                  text_encoder(folder), rows)  # fmt: skip
     return VerifyReport(
         target=folder, kind=KIND, rows=sorted(rows.rows, key=lambda r: GROUPS.index(r.group)),
         model={"family": FORMAT, "rvq": rt.rvq, "hidden": rt.hidden,
@@ -204,3 +210,4 @@ def _quantized(ref: np.ndarray, kind: gguf.GGMLQuantizationType) -> np.ndarray:
     out = np.empty(rows.shape[0] * libggml.row_size(int(kind), rows.shape[1]), np.uint8)
     libggml.quantize_rows(int(kind), rows, out, 0, rows.shape[0], None)
     return out
+
