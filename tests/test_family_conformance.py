@@ -2,9 +2,8 @@
 interface, step 5): claims its builtin, `all` makes a folder of it that the registry
 claims back, `verify` passes it and fails it once a file is tampered with, `synth` speaks
 from the config `all` wrote (`--codes-out` writing the code grid it decoded), and `serve`
-answers the official openai client, a stream the bytes of the whole answer (a family not
-served yet refuses in one line). A new family is one row in SPEAK, REFUSES and REQUEST and
-nothing else here."""
+answers the official openai client, a stream the bytes of the whole answer. A new family is
+one row in SPEAK, REFUSES and REQUEST and nothing else here."""
 
 from __future__ import annotations
 
@@ -46,8 +45,7 @@ REFUSES = {
 REQUEST = {
     "moss-tts-delay": {"max_new_tokens": 48, "seed": 1},
     "moss-tts-nano": {"min_new_tokens": 6, "max_new_tokens": 6, "seed": 1},
-    # not served yet (its text-streaming route comes with #64): `serve` refuses it in one line
-    "moss-tts-realtime": None,
+    "moss-tts-realtime": {"min_new_tokens": 6, "max_new_tokens": 6, "seed": 1},
 }
 
 
@@ -125,9 +123,6 @@ def test_synth_refuses_another_familys_option_in_one_line(made, tmp_path):
 def served(made, tmp_path_factory):
     """`moss-gguf serve` on the folder `all` made, and the official client talking to it."""
     family, folder = made
-    if REQUEST[family.name] is None:
-        yield family, folder
-        return
     srv = start_serve(folder / family.synth_config, tmp_path_factory.mktemp("log") / "s.log",
                       "--api-key", KEY, "--voices", str(tmp_path_factory.mktemp("voices")))
     client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key=KEY, max_retries=0,
@@ -138,11 +133,6 @@ def served(made, tmp_path_factory):
 
 def test_serve_answers_the_openai_client_and_a_stream_is_the_whole(served):
     family, client = served
-    if REQUEST[family.name] is None:  # a family not served yet says so in one line
-        ran = moss_gguf("serve", "--config", str(client / family.synth_config))
-        assert ran.returncode == 2 and len(ran.stderr.strip().splitlines()) == 1, ran.stderr
-        assert f"serve does not speak {family.title} folders yet" in ran.stderr, ran.stderr
-        return
     [model] = [m.id for m in client.models.list().data]
     ask = dict(model=model, voice="alloy", input="Hello there.")
     wav = client.audio.speech.create(**ask, response_format="wav",

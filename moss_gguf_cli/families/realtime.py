@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError
 from ..realtime.config import FAMILY_NAME, TITLE
 from ..realtime.convert import BUILTIN, convert_realtime, is_realtime_input
 from ..realtime.layout import CONFIG_NAME
@@ -25,9 +24,10 @@ def _verify(target: Path, source: str | None, deep: bool, progress: Any = None,
 
 
 def _serve(settings: Any) -> Any:
-    raise UsageError(f"serve does not speak {TITLE} folders yet",
-                     hint="use moss-gguf synth --config on the folder; serving comes with its "
-                     "text-streaming route")
+    # lazy: the serve extra (fastapi, uvicorn) is imported by `serve` alone
+    from ..realtime.serving import serve_realtime
+
+    return serve_realtime(settings)
 
 
 REALTIME = Family(

@@ -1,0 +1,257 @@
+"""`serve` for MOSS-TTS-Realtime: its folder loaded into the one serve core (serve/scheduler.py)
+as a stepper over realtime/engine.RealtimeEngine, its requests built from OpenAI's fields.
+
+As Nano's: each engine speaks one request at a time (one KV sequence), the server loads as
+many as it speaks at once (at most one a core), and the core's one worker steps every running
+request a frame at a time in turn, each frame asking whether the request is still wanted. The
+audio is decoded as it is made, in windows equal to the whole decode's (tts/streaming); a whole
+answer is the streamed pieces joined: the same bytes. 24 kHz mono in every format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import UsageError
+from ..native.cpu_features import physical_cores
+from ..serve.api_errors import ApiError
+from ..serve.output import MonoOut
+from ..serve.routes import Service
+from ..serve.schemas import SpeechRequest
+from ..serve.server import Served, open_service
+from ..serve.settings import DEFAULT_VOICE, OPENAI_VOICES, ServeSettings
+from ..serve.stepper import Delta, Finished, ServedModel, SpeechJob, Watch
+from ..tts.codec import FRAME_SAMPLES, SAMPLE_RATE, AudioCodec, read_reference
+from ..tts.sampling import Sampler, SamplingParams
+from ..tts.streaming import StreamSettings, WindowDecoder, probe_receptive_field
+from .config import TITLE
+from .engine import EngineSettings, RealtimeEngine
+from .layout import RealtimeSettings
+from .prompt import text_encoder
+from .synth import Ending, RealtimeFolderConfig, valid_frames
+
+# a request's sampling keys (serve/schemas SAMPLING_KEYS) → the folder setting each overrides
+SAMPLING = {"audio_temperature": "temperature", "audio_top_p": "top_p", "audio_top_k": "top_k",
+            "audio_repetition_penalty": "repetition_penalty"}  # fmt: skip
+
+
+@dataclass
+class RealtimeJob(SpeechJob):
+    min_new_tokens: int | None = None  # frames before the audio EOS may end the speech
+
+
+@dataclass
+class RealtimeRequest:
+    """A job checked: the text's ids, the settings it speaks with, its voice's codes."""
+
+    text_ids: list[int]
+    settings: RealtimeSettings
+    seed: int | None
+    reference: np.ndarray | None
+
+
+@dataclass
+class RealtimeServeProfile:
+    """A finished request's figures, named as the metrics and the SSE usage read them."""
+
+    prompt_rows: int
+    steps: int
+    frames: int
+    audio_s: float
+    prefill_s: float
+    generation_s: float
+    chunks: int = 1
+    runaways: int = 0
+    prefix_rows: int = 0
+    embed_s: float = 0.0
+    backbone_s: float = 0.0
+    heads_s: float = 0.0
+    sampling_s: float = 0.0
+
+
+@dataclass
+class RealtimeServeResult:
+    pieces: list[np.ndarray]  # float32 samples, as streamed
+    profile: RealtimeServeProfile
+    runaways: list[int]
+    cut: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def waveform(self) -> np.ndarray:
+        return np.concatenate(self.pieces) if self.pieces else np.zeros(0, np.float32)
+
+
+def serve_realtime(settings: ServeSettings) -> Served:
+    """A Realtime folder (its config read now, loaded after the bind)."""
+    if settings.lora:
+        raise UsageError(f"--lora adapters are for the delay models' backbone; a {TITLE} folder "
+                         "takes none", hint="leave --lora out")  # fmt: skip
+    config = RealtimeFolderConfig.from_yaml(settings.config)
+    if config.decoder is None:
+        raise UsageError("the folder has no audio tokenizer: it cannot speak",
+                         hint="make it with --audio-tokenizer (the default one)")  # fmt: skip
+    return Served(config.backbone.name, lambda: _load(settings, config))
+
+
+def _load(settings: ServeSettings, config: RealtimeFolderConfig) -> Service:
+    cores = physical_cores()
+    width, threads = max(1, min(settings.max_batch, cores)), config.settings.n_threads or cores
+    engine_settings = EngineSettings(config.settings.n_ctx, threads, config.settings.kv_cache_type,
+                                     config.settings.flash_attn)  # fmt: skip
+    engines: list[RealtimeEngine] = []
+    try:
+        for _ in range(width):
+            engines.append(RealtimeEngine(config.backbone, config.depth, config.ids,
+                                          config.audio_eos, engine_settings))  # fmt: skip
+        codec = AudioCodec(config.decoder, config.encoder, n_vq=config.ids.rvq)
+        stepper = RealtimeStepper(config, engines, codec)
+    except BaseException:
+        for loaded in engines:
+            loaded.close()
+        raise
+    return open_service(settings, stepper, int(config.backbone.stat().st_mtime),
+                        model_id=TITLE.lower(), job_for=realtime_job,
+                        out=MonoOut(SAMPLE_RATE))  # fmt: skip
+
+
+@dataclass(eq=False)
+class _Turn:
+    task: Any
+    engine: RealtimeEngine
+    steps: Generator[None, None, RealtimeServeResult]
+
+
+class RealtimeStepper:
+    """ENGINES speak that many requests at once, taking turns a frame at a time; one CODEC
+    (the worker thread's alone) decodes them all."""
+
+    def __init__(self, config: RealtimeFolderConfig, engines: list[RealtimeEngine],
+                 codec: AudioCodec):  # fmt: skip
+        self.config, self.engines, self.codec = config, engines, codec
+        self.encode = text_encoder(config.tokenizer)
+        self.info = ServedModel(TITLE, config.ids.rvq, SAMPLE_RATE, 1, FRAME_SAMPLES)
+        self.reach = probe_receptive_field(codec, config.ids.audio_pad)
+        self.stepped = 0
+        self.last_progress = time.monotonic()
+        self._free = list(engines)
+        self._turns: list[_Turn] = []
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._turns)
+
+    def prepare(self, job: RealtimeJob) -> RealtimeRequest:
+        changes = {SAMPLING[k]: v for k, v in (job.sampling or {}).items() if k in SAMPLING}
+        for name in ("max_new_tokens", "min_new_tokens"):
+            if getattr(job, name) is not None:
+                changes[name] = getattr(job, name)
+        settings = dataclasses.replace(self.config.settings, **changes)
+        if settings.min_new_tokens > settings.max_new_tokens:
+            raise ApiError(400, f"min_new_tokens {settings.min_new_tokens} is above "
+                           f"max_new_tokens {settings.max_new_tokens}", param="min_new_tokens",
+                           code="invalid_value")  # fmt: skip
+        ids = self.encode(job.text)
+        if not ids:
+            raise ApiError(400, "input is empty after tokenizing", param="input",
+                           code="invalid_value")  # fmt: skip
+        return RealtimeRequest(ids, settings, job.seed, job.reference_codes)
+
+    def admits(self, request: RealtimeRequest, busy: bool) -> bool:
+        return True
+
+    def start(self, task: Any, request: RealtimeRequest, watch: Watch,
+              on_audio: Callable[[Delta], None] | None) -> None:  # fmt: skip
+        engine = self._free.pop(0)
+        self._turns.append(_Turn(task, engine, self._speech(engine, request, watch, on_audio)))
+
+    def step(self) -> list[Finished]:
+        finished: list[Finished] = []
+        self.stepped = len(self._turns)
+        for turn in list(self._turns):
+            try:
+                next(turn.steps)
+                continue
+            except StopIteration as done:
+                finished.append((turn.task, done.value, None))
+            except BaseException as exc:  # noqa: BLE001 - every failure answers its request
+                finished.append((turn.task, None, exc))
+            self._turns.remove(turn)
+            self._free.insert(0, turn.engine)
+        return finished
+
+    def stop(self, error: BaseException) -> None:
+        for turn in self._turns:
+            turn.steps.close()
+            self._free.insert(0, turn.engine)
+        self._turns = []
+
+    def encode_voice(self, clip: Path) -> np.ndarray:
+        return self.codec.encode(read_reference(Path(clip)))
+
+    def explain(self, error: BaseException, job: Any) -> ApiError | None:
+        return None
+
+    def close(self) -> None:
+        for engine in self.engines:
+            engine.close()
+
+    def _speech(self, engine: RealtimeEngine, request: RealtimeRequest, watch: Watch,
+                on_audio: Callable[[Delta], None] | None,
+                ) -> Generator[None, None, RealtimeServeResult]:  # fmt: skip
+        s, config = request.settings, self.config
+        params = SamplingParams(s.temperature, s.top_p, s.top_k, s.repetition_penalty)
+        decoder = WindowDecoder(self.codec, self.reach, StreamSettings())
+        started, pieces, ending = time.perf_counter(), [], Ending()
+        made = engine.frames(request.text_ids, self.encode, Sampler(params, params, request.seed),
+                             lead=config.lead, max_frames=s.max_new_tokens,
+                             min_frames=s.min_new_tokens, window=s.repetition_window,
+                             reference=request.reference)  # fmt: skip
+        n = 0
+
+        def out(piece: np.ndarray | None) -> None:
+            if piece is not None and piece.size:
+                pieces.append(piece)
+                if on_audio is not None:
+                    on_audio(Delta(piece, 1, 1, []))
+
+        for frame in valid_frames(made, config.ids.audio_pad, ending):
+            n += 1
+            self.last_progress = time.monotonic()
+            watch.frame()
+            out(decoder.push(frame.copy()))
+            yield
+        if not n:
+            raise ApiError(422, "the model stopped before its first frame, so there is no "
+                           "audio; send another seed, or min_new_tokens to mask the stop",
+                           param="min_new_tokens", code="no_audio")  # fmt: skip
+        out(decoder.end_segment())
+        seconds = time.perf_counter() - started
+        ran_away = n >= s.max_new_tokens and ending.why is None
+        profile = RealtimeServeProfile(0, n, n, n * FRAME_SAMPLES / SAMPLE_RATE, 0.0, seconds,
+                                       runaways=int(ran_away), backbone_s=seconds)  # fmt: skip
+        return RealtimeServeResult(pieces, profile, [1] if ran_away else [])
+
+
+def realtime_job(service: Service, body: SpeechRequest) -> RealtimeJob:
+    """A Realtime request (routes.Service.job_for): the text, a stored voice or the model's
+    own, sampling; the delay models' fields refused by name."""
+    for name in ("instructions", "language", "voices", "lora"):
+        if getattr(body, name) is not None:
+            raise ApiError(400, f"{name} is not taken by {TITLE}; leave it out", param=name,
+                           code="unsupported_value")  # fmt: skip
+    custom = body.voice_name != DEFAULT_VOICE and body.voice_name not in OPENAI_VOICES
+    codes = service.voices.load(body.voice_name).codes if custom else None
+    return RealtimeJob(text=body.input, reference_codes=codes, seed=body.seed,
+                       max_new_tokens=body.max_new_tokens, sampling=body.sampling(),
+                       min_new_tokens=body.min_new_tokens)  # fmt: skip
