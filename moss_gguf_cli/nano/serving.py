@@ -18,7 +18,6 @@ is made, so it keeps its first try, as the delay family's head chunk does).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +32,7 @@ from ..serve.routes import Service
 from ..serve.schemas import SpeechRequest
 from ..serve.server import Served, open_service
 from ..serve.settings import DEFAULT_VOICE, OPENAI_VOICES, ServeSettings
-from ..serve.stepper import Delta, Finished, ServedModel, SpeechJob, Watch
+from ..serve.stepper import Delta, ServedModel, SpeechJob, TurnTaking, Watch
 from .engine import (
     ContextTooShort,
     NanoEngine,
@@ -118,36 +117,16 @@ def _load(settings: ServeSettings, config: NanoFolderConfig) -> Service:
                         out=StereoOut(info.sample_rate, info.channels))  # fmt: skip
 
 
-@dataclass(eq=False)
-class _Turn:
-    """A running request: its engine and the generator that speaks it a frame a step."""
-
-    task: Any
-    engine: NanoEngine
-    steps: Generator[None, None, NanoServeResult]
-
-
-class NanoStepper:
+class NanoStepper(TurnTaking):
     """ENGINES (each a loaded NanoEngine with its own contexts over the same mmapped weights)
     speak that many requests at once, taking turns a frame at a time."""
 
     def __init__(self, engines: list[NanoEngine], retries: int = 0):
-        self.engines, self.retries = engines, retries
+        super().__init__(engines)
+        self.retries = retries
         engine = engines[0]
         self.info = ServedModel(VARIANT, engine.nano.n_vq, engine.sample_rate, engine.channels,
                                 engine.frame_samples)  # fmt: skip
-        self.stepped = 0
-        self.last_progress = time.monotonic()
-        self._free = list(engines)
-        self._turns: list[_Turn] = []
-
-    @property
-    def free(self) -> int:
-        return len(self._free)
-
-    @property
-    def busy(self) -> bool:
-        return bool(self._turns)
 
     def prepare(self, job: NanoJob) -> NanoRequest:
         """JOB's chunks and settings, every chunk's length checked against n_ctx (tokenizing
@@ -162,48 +141,13 @@ class NanoStepper:
             raise ApiError(400, exc.message, param="min_new_tokens",
                            code="invalid_value") from None  # fmt: skip
 
-    def admits(self, request: NanoRequest, busy: bool) -> bool:
-        return True  # any request may run beside another
-
-    def start(self, task: Any, request: NanoRequest, watch: Watch,
-              on_audio: Callable[[Delta], None] | None) -> None:  # fmt: skip
-        engine = self._free.pop(0)
-        self._turns.append(_Turn(task, engine, self._speech(engine, request, watch, on_audio)))
-
-    def step(self) -> list[Finished]:
-        finished: list[Finished] = []
-        self.stepped = len(self._turns)
-        for turn in list(self._turns):
-            try:
-                next(turn.steps)
-                continue
-            except StopIteration as done:
-                finished.append((turn.task, done.value, None))
-            except BaseException as exc:  # noqa: BLE001 - every failure answers its request
-                finished.append((turn.task, None, exc))
-            self._turns.remove(turn)
-            # the engine freed last speaks next: a lone client's voice finds its shared
-            # prompt rows kept there (each engine keeps its own)
-            self._free.insert(0, turn.engine)
-        return finished
-
-    def stop(self, error: BaseException) -> None:
-        for turn in self._turns:
-            turn.steps.close()  # the engines' locks let go
-            self._free.insert(0, turn.engine)
-        self._turns = []
-
     def encode_voice(self, clip: Path) -> np.ndarray:
         return self.engines[0].reference_codes(clip)  # the codec's encoder: no KV touched
 
     def explain(self, error: BaseException, job: Any) -> ApiError | None:
         return _context_too_short(error) if isinstance(error, ContextTooShort) else None
 
-    def close(self) -> None:
-        for engine in self.engines:
-            engine.close()
-
-    def _speech(self, engine: NanoEngine, request: NanoRequest, watch: Watch,
+    def speech(self, engine: NanoEngine, request: NanoRequest, watch: Watch,
                 on_audio: Callable[[Delta], None] | None,
                 ) -> Generator[None, None, NanoServeResult]:  # fmt: skip
         """REQUEST spoken a frame a step; the result is the generator's return value. A
@@ -211,7 +155,7 @@ class NanoStepper:
         speech = engine.speech(request, retries=0 if on_audio else self.retries)
 
         def on_frame() -> None:
-            self.last_progress = time.monotonic()
+            self.progressed()
             watch.frame()
 
         speech.on_frame = on_frame

@@ -27,7 +27,7 @@ from ..serve.routes import Service
 from ..serve.schemas import SpeechRequest
 from ..serve.server import Served, open_service
 from ..serve.settings import DEFAULT_VOICE, OPENAI_VOICES, ServeSettings
-from ..serve.stepper import Delta, Finished, ServedModel, SpeechJob, Watch
+from ..serve.stepper import Delta, ServedModel, SpeechJob, TurnTaking, Watch
 from ..tts.codec import FRAME_SAMPLES, SAMPLE_RATE, AudioCodec, read_reference
 from ..tts.sampling import Sampler, SamplingParams
 from ..tts.streaming import StreamSettings, WindowDecoder, probe_receptive_field
@@ -121,35 +121,17 @@ def _load(settings: ServeSettings, config: RealtimeFolderConfig) -> Service:
                         out=MonoOut(SAMPLE_RATE))  # fmt: skip
 
 
-@dataclass(eq=False)
-class _Turn:
-    task: Any
-    engine: RealtimeEngine
-    steps: Generator[None, None, RealtimeServeResult]
-
-
-class RealtimeStepper:
+class RealtimeStepper(TurnTaking):
     """ENGINES speak that many requests at once, taking turns a frame at a time; one CODEC
     (the worker thread's alone) decodes them all."""
 
     def __init__(self, config: RealtimeFolderConfig, engines: list[RealtimeEngine],
                  codec: AudioCodec):  # fmt: skip
-        self.config, self.engines, self.codec = config, engines, codec
+        super().__init__(engines)
+        self.config, self.codec = config, codec
         self.encode = text_encoder(config.tokenizer)
         self.info = ServedModel(TITLE, config.ids.rvq, SAMPLE_RATE, 1, FRAME_SAMPLES)
         self.reach = probe_receptive_field(codec, config.ids.audio_pad)
-        self.stepped = 0
-        self.last_progress = time.monotonic()
-        self._free = list(engines)
-        self._turns: list[_Turn] = []
-
-    @property
-    def free(self) -> int:
-        return len(self._free)
-
-    @property
-    def busy(self) -> bool:
-        return bool(self._turns)
 
     def prepare(self, job: RealtimeJob) -> RealtimeRequest:
         changes = {SAMPLING[k]: v for k, v in (job.sampling or {}).items() if k in SAMPLING}
@@ -167,46 +149,13 @@ class RealtimeStepper:
                            code="invalid_value")  # fmt: skip
         return RealtimeRequest(ids, settings, job.seed, job.reference_codes)
 
-    def admits(self, request: RealtimeRequest, busy: bool) -> bool:
-        return True
-
-    def start(self, task: Any, request: RealtimeRequest, watch: Watch,
-              on_audio: Callable[[Delta], None] | None) -> None:  # fmt: skip
-        engine = self._free.pop(0)
-        self._turns.append(_Turn(task, engine, self._speech(engine, request, watch, on_audio)))
-
-    def step(self) -> list[Finished]:
-        finished: list[Finished] = []
-        self.stepped = len(self._turns)
-        for turn in list(self._turns):
-            try:
-                next(turn.steps)
-                continue
-            except StopIteration as done:
-                finished.append((turn.task, done.value, None))
-            except BaseException as exc:  # noqa: BLE001 - every failure answers its request
-                finished.append((turn.task, None, exc))
-            self._turns.remove(turn)
-            self._free.insert(0, turn.engine)
-        return finished
-
-    def stop(self, error: BaseException) -> None:
-        for turn in self._turns:
-            turn.steps.close()
-            self._free.insert(0, turn.engine)
-        self._turns = []
-
     def encode_voice(self, clip: Path) -> np.ndarray:
         return self.codec.encode(read_reference(Path(clip)))
 
     def explain(self, error: BaseException, job: Any) -> ApiError | None:
         return None
 
-    def close(self) -> None:
-        for engine in self.engines:
-            engine.close()
-
-    def _speech(self, engine: RealtimeEngine, request: RealtimeRequest, watch: Watch,
+    def speech(self, engine: RealtimeEngine, request: RealtimeRequest, watch: Watch,
                 on_audio: Callable[[Delta], None] | None,
                 ) -> Generator[None, None, RealtimeServeResult]:  # fmt: skip
         s, config = request.settings, self.config
@@ -227,7 +176,7 @@ class RealtimeStepper:
 
         for frame in valid_frames(made, config.ids.audio_pad, ending):
             n += 1
-            self.last_progress = time.monotonic()
+            self.progressed()
             watch.frame()
             out(decoder.push(frame.copy()))
             yield

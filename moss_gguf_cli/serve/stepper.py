@@ -15,7 +15,8 @@ server stops, so the request ends at its next step and frees its room.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -145,3 +146,78 @@ class Stepper(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@dataclass(eq=False)
+class Turn:
+    """A running request of a turn-taking stepper: its engine and the generator that speaks
+    it a frame a step (its return value the result)."""
+
+    task: Any
+    engine: Any
+    steps: Generator[None, None, Any]
+
+
+class TurnTaking:
+    """The Stepper of a family whose engines each speak one request (one KV sequence): as many
+    at once as ENGINES, every running request stepped a frame in turn on the core's one worker
+    (MOSS-TTS-Nano, MOSS-TTS-Realtime). A family gives `info`, `prepare`, `encode_voice`,
+    `explain` and `speech(engine, prepared, watch, on_audio)`: the generator of one request."""
+
+    def __init__(self, engines: list[Any]):
+        self.engines = engines
+        self.stepped = 0
+        self.last_progress = time.monotonic()
+        self._free = list(engines)
+        self._turns: list[Turn] = []
+
+    def speech(self, engine: Any, prepared: Any, watch: Watch,
+               on_audio: Callable[[Delta], None] | None) -> Generator[None, None, Any]:  # fmt: skip
+        raise NotImplementedError
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._turns)
+
+    def admits(self, prepared: Any, busy: bool) -> bool:
+        return True  # any request may run beside another
+
+    def start(self, task: Any, prepared: Any, watch: Watch,
+              on_audio: Callable[[Delta], None] | None) -> None:  # fmt: skip
+        engine = self._free.pop(0)
+        self._turns.append(Turn(task, engine, self.speech(engine, prepared, watch, on_audio)))
+
+    def step(self) -> list[Finished]:
+        finished: list[Finished] = []
+        self.stepped = len(self._turns)
+        for turn in list(self._turns):
+            try:
+                next(turn.steps)
+                continue
+            except StopIteration as done:
+                finished.append((turn.task, done.value, None))
+            except BaseException as exc:  # noqa: BLE001 - every failure answers its request
+                finished.append((turn.task, None, exc))
+            self._turns.remove(turn)
+            # the engine freed last speaks next: a lone client's voice finds its shared
+            # prompt rows kept there (each engine keeps its own)
+            self._free.insert(0, turn.engine)
+        return finished
+
+    def stop(self, error: BaseException) -> None:
+        for turn in self._turns:
+            turn.steps.close()  # the engines' locks let go
+            self._free.insert(0, turn.engine)
+        self._turns = []
+
+    def progressed(self) -> None:
+        """A frame was made (the watchdog's sign of life)."""
+        self.last_progress = time.monotonic()
+
+    def close(self) -> None:
+        for engine in self.engines:
+            engine.close()
