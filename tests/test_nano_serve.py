@@ -316,3 +316,12 @@ def test_sigterm_answers_what_runs_and_waits_with_503(tiny_nano_folder, tmp_path
         assert "Traceback" not in srv.text()
     finally:
         srv.stop()
+
+
+def test_the_stream_input_socket_is_refused_with_a_reason(server):
+    """The WebSocket route is for text that grows (MOSS-TTS-Realtime); a Nano server closes it
+    at once, saying to use the speech endpoint."""
+    from test_realtime_serve import converse, socket_url
+
+    _, _, closed = converse(socket_url(server), {"text": " "}, [])
+    assert closed.code == 1008 and "takes its text whole" in closed.reason, closed

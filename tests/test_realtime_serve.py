@@ -1,10 +1,14 @@
-"""`serve` on a MOSS-TTS-Realtime folder (#63; its text-streaming WebSocket is #64): 24 kHz mono
-WAV to the official openai client, a registered voice cloned, the fields it does not take
-refused with a 400 naming them; and a greedy answer equal to `synth --codes-out`'s speech."""
+"""`serve` on a MOSS-TTS-Realtime folder: 24 kHz mono WAV to the official openai client, a
+registered voice cloned, the fields it does not take refused with a 400 naming them, a greedy
+answer equal to `synth`'s; and the stream-input WebSocket (#64) with the `websockets` client:
+text sent in pieces speaks as the same text sent whole, a silent client is timed out and its
+slot freed, what it does not take is a close with a reason, the key is asked and other sites'
+pages are refused."""
 
 from __future__ import annotations
 
 import io
+import time
 
 import httpx
 import numpy as np
@@ -78,3 +82,117 @@ def test_a_registered_voice_is_cloned(client, http, reference_wav):
 def test_what_realtime_does_not_take_is_a_400_naming_it(http, field, value):
     reply = http.post("/v1/audio/speech", json={"model": MODEL, "input": TEXT, field: value})
     assert reply.status_code == 400 and reply.json()["error"]["param"] == field, reply.text
+
+
+# --------------------------------------------------------------------------- stream-input (#64)
+
+GREEDY = {"audio_temperature": 0, "audio_repetition_penalty": 1.0, **FRAMES}
+
+
+def socket_url(server, voice: str = "alloy", **query: str) -> str:
+    tail = "&".join(f"{k}={v}" for k, v in query.items())
+    return f"ws://{server.url.split('://', 1)[1]}/v1/text-to-speech/{voice}/stream-input" + (
+        f"?{tail}" if tail else "")  # fmt: skip
+
+
+def converse(url: str, opening: dict, pieces: list[str], *, end: bool = True,
+             headers: dict | None = None) -> tuple[bytes, list[dict], object]:  # fmt: skip
+    """(the audio, every message, the close frame) of one conversation."""
+    import base64
+    import json
+
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    audio, messages = b"", []
+    with connect(url, additional_headers=headers or {"xi-api-key": KEY},
+                 open_timeout=TIMEOUT) as ws:  # fmt: skip
+        ws.send(json.dumps(opening))
+        for piece in pieces:
+            ws.send(json.dumps({"text": piece}))
+        if end:
+            ws.send(json.dumps({"text": ""}))
+        try:
+            while True:
+                message = json.loads(ws.recv(timeout=TIMEOUT))
+                messages.append(message)
+                if message.get("audio"):
+                    audio += base64.b64decode(message["audio"])
+        except ConnectionClosed as closed:
+            return audio, messages, closed.rcvd
+
+
+def test_pieces_over_the_websocket_speak_as_the_whole_text(server, http):
+    whole = http.post("/v1/audio/speech", json={"model": MODEL, "input": TEXT, "voice": "alloy",
+                                                "response_format": "pcm", **GREEDY})  # fmt: skip
+    assert whole.status_code == 200, whole.text
+    pieces = ["Hello ", "from the ", "Realtime", " server."]
+    audio, messages, closed = converse(socket_url(server), {"text": " ", **GREEDY}, pieces)
+    assert closed.code == 1000 and messages[-1] == {"isFinal": True}, (closed, messages[-1:])
+    assert all(m["isFinal"] is None for m in messages[:-1]) and len(messages) > 2
+    assert audio == whole.content and len(audio) == 12 * 1920 * 2
+
+
+def test_a_client_that_never_ends_its_input_is_timed_out_and_its_slot_freed(server, http):
+    audio, _, closed = converse(socket_url(server, inactivity_timeout="1"),
+                                {"text": " ", **FRAMES}, ["Hello there, "], end=False)  # fmt: skip
+    assert closed.code == 1008 and "no message for 1 s" in closed.reason, closed
+    deadline = time.monotonic() + 10
+    while http.get("/health").json()["busy"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not http.get("/health").json()["busy"]
+
+
+@pytest.mark.parametrize("opening, pieces, code, said", [
+    ({"text": " "}, ["x" * 3000, "y" * 3000], 1009, "would pass 4096 characters"),
+    ({"text": "Hello"}, [], 1008, 'the opening message is {"text": " "}'),
+    ({"text": " ", "language": "en"}, [], 1008, "language"),
+    ({"text": " ", "audio_top_k": -3}, [], 1008, "audio_top_k"),
+])  # fmt: skip
+def test_what_the_socket_does_not_take_is_closed_with_a_reason(server, opening, pieces, code,
+                                                                said):  # fmt: skip
+    _, _, closed = converse(socket_url(server), opening, pieces, end=False)
+    assert closed.code == code and said in closed.reason, closed
+
+
+def test_the_key_is_asked_of_a_socket_and_other_sites_pages_are_refused(server):
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    _, _, closed = converse(socket_url(server), {"text": " "}, [], headers={"xi-api-key": "no"})
+    assert closed.code == 1008 and "API key" in closed.reason, closed
+    audio, _, closed = converse(socket_url(server), {"text": " ", "xi_api_key": KEY, **FRAMES},
+                                ["Hi."], headers={})  # fmt: skip
+    assert closed.code == 1000 and audio
+    with pytest.raises(InvalidStatus) as refused:
+        connect(socket_url(server), origin="http://evil.example", open_timeout=TIMEOUT)
+    assert refused.value.response.status_code == 403
+
+
+def test_synth_speaks_stdin_as_it_arrives(folder):
+    """`synth --stream --text -`: audio comes out while standard input is still open (the
+    first piece holds the 12-token lead and a few more), and the rest once it is closed."""
+    import select
+    import subprocess
+    import sys
+
+    first = "Hello there, this is the first part of a text that an agent is still writing, "
+    proc = subprocess.Popen([sys.executable, "-m", "moss_gguf_cli", "synth", "--config",
+                             str(folder / "moss-tts-realtime.yaml"), "--text", "-", "--stream",
+                             "-o", "-", "--min-new-tokens", "30", "--max-new-tokens", "30",
+                             "--seed", "2", "-q"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        proc.stdin.write(first.encode())
+        proc.stdin.flush()
+        # audio before stdin is closed (a synth that waited for the end would sit here)
+        assert select.select([proc.stdout], [], [], TIMEOUT)[0], "no audio while stdin is open"
+        early = proc.stdout.read(1920 * 2)  # a frame of 16-bit PCM
+        assert len(early) == 1920 * 2
+        proc.stdin.write(b"and the end of it.")
+        proc.stdin.close()
+        rest = proc.stdout.read()
+        assert proc.wait(timeout=TIMEOUT) == 0, proc.stderr.read().decode()
+    finally:
+        proc.kill()
+    assert len(early + rest) % 2 == 0 and len(early + rest) >= 2 * 1920 * 2

@@ -7,7 +7,8 @@ written without torch); backbone_gguf.py (the stock qwen3 backbone GGUF) and dep
 (the depth GGUF of our own arch); layout.py, folder.py, convert.py (`all`); verify.py and
 verify_deep.py; prompt.py (upstream's prompt rows, the text fed a frame), depth.py (the depth
 transformer, heads and sampling as one ggml graph a frame), engine.py (the frame loop),
-synth.py (`synth`), serving.py (`serve`: its stepper and request builder).
+synth.py (`synth`), serving.py (`serve`: its stepper and request builders), feed.py (text
+that grows while it is spoken: the stream-input route, stdin).
 
 May import: the stage cores (pipeline/, serve/: rank 6), verify/ and doctor/ (5), tts/,
 quantize/ (4), source/, graphs/, gguf/, disk/, native/ and the top level (rank 7, a family's

@@ -24,6 +24,7 @@ from ..tts.backbone import Backbone, BackboneSettings
 from ..tts.sampling import Sampler
 from ..verify.tensors import dequantize_rows
 from .depth import DepthTransformer
+from .feed import TextFeed
 from .prompt import PromptIds, prompt_rows, text_at
 
 
@@ -84,12 +85,18 @@ class RealtimeEngine:
             out += table.take(rows[:, q + 1])
         return out
 
-    def frames(self, text_ids: list[int], encode, sampler: Sampler, *, lead: int,
+    def frames(self, text: list[int] | TextFeed, encode, sampler: Sampler, *, lead: int,
                max_frames: int, min_frames: int = 0, window: int = 50,
-               reference: np.ndarray | None = None) -> Iterator[np.ndarray]:  # fmt: skip
-        """Each frame's (rvq,) codes, as made, until the audio EOS or MAX_FRAMES."""
+               reference: np.ndarray | None = None) -> Iterator[np.ndarray | None]:  # fmt: skip
+        """Each frame's (rvq,) codes, as made, until the audio EOS or MAX_FRAMES. TEXT is the
+        whole text's ids, or a TextFeed still growing: then None is yielded while the text the
+        next row needs has not arrived (the prompt waits for LEAD tokens or the input's end,
+        each frame for its token), and the caller steps again later."""
         ids = self.ids
-        prompt = prompt_rows(encode, ids, text_ids, lead, reference)
+        known = _Known(text)
+        while not known.has(lead):
+            yield None
+        prompt = prompt_rows(encode, ids, known.ids, lead, reference)
         self.backbone.reset()
         hidden, _ = self.backbone.prefill(self.embed(prompt), logits=False)
         history = np.zeros((0, ids.rvq), np.int64)
@@ -105,7 +112,10 @@ class RealtimeEngine:
             codes = codes.astype(np.int64)
             history = np.concatenate([history, codes[None]])
             yield codes
-            row = np.concatenate([[text_at(text_ids, n + 1, lead, ids.text_pad)], codes])
+            at = min(lead, len(known.ids)) + n  # the row's text: the lead's next token
+            while not known.has(at + 1):
+                yield None
+            row = np.concatenate([[text_at(known.ids, n + 1, lead, ids.text_pad)], codes])
             hidden, _ = self.backbone.step(self.embed(row[None])[0], logits=False)
 
     def close(self) -> None:
@@ -113,3 +123,19 @@ class RealtimeEngine:
             if getattr(self, part, None) is not None:
                 getattr(self, part).close()
             setattr(self, part, None)
+
+
+class _Known:
+    """The text's ids known so far: all of a list, a feed's stable ones."""
+
+    def __init__(self, text: list[int] | TextFeed):
+        self.text = text
+        self.ids = list(text) if isinstance(text, list) else text.ids
+
+    def has(self, count: int) -> bool:
+        """Whether the first COUNT ids are known, or no more will come (the text ended)."""
+        if isinstance(self.text, list):
+            return True
+        ended = self.text.ended
+        self.ids = self.text.ids  # read after `ended`: an end seen means every id is here
+        return ended or len(self.ids) >= count

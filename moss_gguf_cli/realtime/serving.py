@@ -14,6 +14,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,17 +27,19 @@ from ..serve.output import MonoOut
 from ..serve.routes import Service
 from ..serve.schemas import SpeechRequest
 from ..serve.server import Served, open_service
-from ..serve.settings import DEFAULT_VOICE, OPENAI_VOICES, ServeSettings
+from ..serve.settings import DEFAULT_VOICE, MAX_INPUT_CHARS, OPENAI_VOICES, ServeSettings
 from ..serve.stepper import Delta, ServedModel, SpeechJob, TurnTaking, Watch
 from ..tts.codec import FRAME_SAMPLES, SAMPLE_RATE, AudioCodec, read_reference
 from ..tts.sampling import Sampler, SamplingParams
 from ..tts.streaming import StreamSettings, WindowDecoder, probe_receptive_field
 from .config import TITLE
 from .engine import EngineSettings, RealtimeEngine
+from .feed import TextFeed
 from .layout import RealtimeSettings
 from .prompt import text_encoder
 from .synth import Ending, RealtimeFolderConfig, valid_frames
 
+WAIT_S = 0.02  # the worker's longest wait for a client's text before it steps the others
 # a request's sampling keys (serve/schemas SAMPLING_KEYS) → the folder setting each overrides
 SAMPLING = {"audio_temperature": "temperature", "audio_top_p": "top_p", "audio_top_k": "top_k",
             "audio_repetition_penalty": "repetition_penalty"}  # fmt: skip
@@ -45,13 +48,14 @@ SAMPLING = {"audio_temperature": "temperature", "audio_top_p": "top_p", "audio_t
 @dataclass
 class RealtimeJob(SpeechJob):
     min_new_tokens: int | None = None  # frames before the audio EOS may end the speech
+    feed: TextFeed | None = None  # the text as it arrives (the stream-input route), else `text`
 
 
 @dataclass
 class RealtimeRequest:
     """A job checked: the text's ids, the settings it speaks with, its voice's codes."""
 
-    text_ids: list[int]
+    text: list[int] | TextFeed  # the whole text's ids, or text still arriving
     settings: RealtimeSettings
     seed: int | None
     reference: np.ndarray | None
@@ -117,8 +121,8 @@ def _load(settings: ServeSettings, config: RealtimeFolderConfig) -> Service:
             loaded.close()
         raise
     return open_service(settings, stepper, int(config.backbone.stat().st_mtime),
-                        model_id=TITLE.lower(), job_for=realtime_job,
-                        out=MonoOut(SAMPLE_RATE))  # fmt: skip
+                        model_id=TITLE.lower(), job_for=realtime_job, out=MonoOut(SAMPLE_RATE),
+                        text_input=partial(text_input_job, encode=stepper.encode))  # fmt: skip
 
 
 class RealtimeStepper(TurnTaking):
@@ -143,11 +147,11 @@ class RealtimeStepper(TurnTaking):
             raise ApiError(400, f"min_new_tokens {settings.min_new_tokens} is above "
                            f"max_new_tokens {settings.max_new_tokens}", param="min_new_tokens",
                            code="invalid_value")  # fmt: skip
-        ids = self.encode(job.text)
-        if not ids:
+        text = job.feed if job.feed is not None else self.encode(job.text)
+        if job.feed is None and not text:
             raise ApiError(400, "input is empty after tokenizing", param="input",
                            code="invalid_value")  # fmt: skip
-        return RealtimeRequest(ids, settings, job.seed, job.reference_codes)
+        return RealtimeRequest(text, settings, job.seed, job.reference_codes)
 
     def encode_voice(self, clip: Path) -> np.ndarray:
         return self.codec.encode(read_reference(Path(clip)))
@@ -162,7 +166,7 @@ class RealtimeStepper(TurnTaking):
         params = SamplingParams(s.temperature, s.top_p, s.top_k, s.repetition_penalty)
         decoder = WindowDecoder(self.codec, self.reach, StreamSettings())
         started, pieces, ending = time.perf_counter(), [], Ending()
-        made = engine.frames(request.text_ids, self.encode, Sampler(params, params, request.seed),
+        made = engine.frames(request.text, self.encode, Sampler(params, params, request.seed),
                              lead=config.lead, max_frames=s.max_new_tokens,
                              min_frames=s.min_new_tokens, window=s.repetition_window,
                              reference=request.reference)  # fmt: skip
@@ -175,6 +179,12 @@ class RealtimeStepper(TurnTaking):
                     on_audio(Delta(piece, 1, 1, []))
 
         for frame in valid_frames(made, config.ids.audio_pad, ending):
+            if frame is None:  # its text has not come yet: waiting on the client is no stall
+                request.text.wait(len(request.text.ids), WAIT_S)
+                self.progressed()
+                watch.frame()
+                yield
+                continue
             n += 1
             self.progressed()
             watch.frame()
@@ -204,3 +214,12 @@ def realtime_job(service: Service, body: SpeechRequest) -> RealtimeJob:
     return RealtimeJob(text=body.input, reference_codes=codes, seed=body.seed,
                        max_new_tokens=body.max_new_tokens, sampling=body.sampling(),
                        min_new_tokens=body.min_new_tokens)  # fmt: skip
+
+
+def text_input_job(service: Service, body: SpeechRequest, encode) -> tuple[RealtimeJob, TextFeed]:
+    """A request whose text arrives while it runs (serve/stream_input.py): BODY's settings, a
+    feed the route pushes the pieces into."""
+    feed = TextFeed(encode, MAX_INPUT_CHARS)
+    job = realtime_job(service, body)
+    job.feed = feed
+    return job, feed

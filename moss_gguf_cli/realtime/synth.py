@@ -6,6 +6,7 @@ writes nothing and says so."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +24,11 @@ from ..tts.spoken import Spoken, read_text, refuse_options, sink_of, write_codes
 from ..tts.streaming import StreamSettings, WindowDecoder, pcm16, probe_receptive_field, wav_header
 from .config import FAMILY_NAME, TITLE
 from .engine import EngineSettings, RealtimeEngine
+from .feed import TextFeed
 from .layout import RealtimeSettings
 from .prompt import PromptIds, text_encoder
 
+MAX_STDIN_CHARS = 1_000_000  # text read from stdin as it arrives (a book's chapter)
 # the options of `synth` a Realtime folder does not take (the delay models' text options, …)
 REFUSED = {"--reference-text": "reference_text", "--instruction": "instruction",
            "--language": "language", "--tokens": "tokens", "--quality": "quality",
@@ -113,21 +116,22 @@ class Ending:
 def valid_frames(frames, codes: int, ending: Ending):
     """FRAMES up to the first holding a code outside 0 .. CODES - 1 (a pad, BOS or EOS row
     picked past codebook 1): upstream's streaming decoder ends the speech there, as the codec
-    has no sound for it."""
+    has no sound for it. A None (the engine waiting for text) passes through."""
     for frame in frames:
-        if (frame >= codes).any() or (frame < 0).any():
+        if frame is not None and ((frame >= codes).any() or (frame < 0).any()):
             ending.why = "invalid"
             return
         yield frame
 
 
-def realtime_synth(config: RealtimeFolderConfig, output: Path | BinaryIO, text: str,
+def realtime_synth(config: RealtimeFolderConfig, output: Path | BinaryIO, text: str | TextFeed,
                    reference: Path | None, settings: RealtimeSettings, seed: int | None,
                    stream: str | None = None, threads: int | None = None,
                    n_ctx: int | None = None,
                    codes_out: Path | None = None) -> RealtimeResult:  # fmt: skip
-    """Speak TEXT with the folder of CONFIG into OUTPUT (a WAV; STREAM "pcm"/"wav": as made)."""
-    if not text or not text.strip():
+    """Speak TEXT with the folder of CONFIG into OUTPUT (a WAV; STREAM "pcm"/"wav": as made).
+    TEXT may be a TextFeed still growing (stdin as it arrives): the speech waits for it."""
+    if isinstance(text, str) and not text.strip():
         raise InputError("the text to speak is empty", hint="pass --text or --text-file")
     if config.decoder is None:
         raise InputError("the folder has no audio tokenizer: it cannot speak", path=config.source,
@@ -150,12 +154,13 @@ def realtime_synth(config: RealtimeFolderConfig, output: Path | BinaryIO, text: 
     sampler = Sampler(audio, audio, seed)
     started = time.perf_counter()
     try:
-        made = engine.frames(encode(text), encode, sampler, lead=config.lead,
+        known = encode(text) if isinstance(text, str) else text
+        made = engine.frames(known, encode, sampler, lead=config.lead,
                              max_frames=settings.max_new_tokens,
                              min_frames=settings.min_new_tokens,
                              window=settings.repetition_window, reference=ref_codes)  # fmt: skip
         ending = Ending()
-        frames = valid_frames(made, config.ids.audio_pad, ending)
+        frames = _waiting(valid_frames(made, config.ids.audio_pad, ending), known)
         if isinstance(output, Path):
             tmp = output.with_name(f".{output.name}.tmp")
             try:
@@ -174,6 +179,39 @@ def realtime_synth(config: RealtimeFolderConfig, output: Path | BinaryIO, text: 
     ended = ending.why or ("max" if len(codes) >= settings.max_new_tokens else "eos")
     return RealtimeResult(output if isinstance(output, Path) else None, len(codes), samples,
                           time.perf_counter() - started, ended)  # fmt: skip
+
+
+def _waiting(frames, text: list[int] | TextFeed):
+    """FRAMES without the engine's waits for text: each is a wait on the feed."""
+    for frame in frames:
+        if frame is None:
+            text.wait(len(text.ids), 0.05)
+            continue
+        yield frame
+
+
+def stdin_feed(encode, stdin: BinaryIO) -> TextFeed:
+    """Standard input as it arrives, pushed into a feed by a reader thread (UTF-8, decoded
+    as the bytes come; the feed ends at end of file)."""
+    import codecs
+    import os
+    import threading
+
+    feed = TextFeed(encode, MAX_STDIN_CHARS)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def read() -> None:
+        try:
+            while data := os.read(stdin.fileno(), 4096):
+                feed.push(decoder.decode(data))
+            feed.push(decoder.decode(b"", final=True))
+        except (OSError, InputError):  # a closed stdin, or more text than the feed takes
+            pass
+        finally:
+            feed.end()
+
+    threading.Thread(target=read, name="stdin-text", daemon=True).start()
+    return feed
 
 
 def _write(frames, codec: AudioCodec, sink: BinaryIO, stream: str | None
@@ -229,7 +267,8 @@ def synth_options(config: Path, o: dict[str, Any], progress: Any = None) -> Spok
                    "--audio-* sampling options, --seed and --min/--max-new-tokens")  # fmt: skip
     if len(o.get("reference") or []) > 1:
         raise UsageError(f"{TITLE} clones one voice: give one --reference clip")
-    words = read_text(o["text"], o["text_file"])
+    live = o["text"] == "-" and o["stream"]  # stdin spoken as it arrives
+    words = None if live else read_text(o["text"], o["text_file"])
     changes = {field: o[name] for name, field in OVERRIDES.items() if o.get(name) is not None}
     settings = dataclasses.replace(folder.settings, **changes)
     if settings.min_new_tokens > settings.max_new_tokens:
@@ -238,7 +277,8 @@ def synth_options(config: Path, o: dict[str, Any], progress: Any = None) -> Spok
     preflight(needs_quantize=False, needs_runtime=True, output=o["output"], needed_bytes=None,
               llama_cpp=None, engine=Engine.AUTO)  # fmt: skip
     reference = (o.get("reference") or [None])[0]
-    result = realtime_synth(folder, sink, words or "", reference, settings, o.get("seed"), fmt,
+    text = stdin_feed(text_encoder(folder.tokenizer), sys.stdin.buffer) if live else words or ""
+    result = realtime_synth(folder, sink, text, reference, settings, o.get("seed"), fmt,
                             o.get("threads"), o.get("n_ctx"), o.get("codes_out"))  # fmt: skip
     seconds = result.samples / SAMPLE_RATE
     rtf = result.seconds_taken / seconds if seconds else 0.0

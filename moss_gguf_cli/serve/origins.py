@@ -144,13 +144,19 @@ class Gate:
         self.app, self.policy = app, policy
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["path"] not in PROBE_PATHS:
+        socket = scope["type"] == "websocket"
+        if (scope["type"] == "http" and scope["path"] not in PROBE_PATHS) or socket:
             headers = _headers(scope)
             host = headers.get("host")
             refused = None if self.policy.allows(host) else self.policy.refusal(host)
-            if refused is None:
-                refused = cross_origin(scope["method"], host, headers.get("origin"),
+            if refused is None:  # a WebSocket is never a "safe" read: its Origin is checked
+                refused = cross_origin("POST" if socket else scope["method"], host,
+                                       headers.get("origin"),
                                        headers.get("sec-fetch-site"))  # fmt: skip
+            if refused is not None and socket:  # closed before the handshake: a 403
+                await send({"type": "websocket.close", "code": 1008,
+                            "reason": refused.message[:120]})  # fmt: skip
+                return
             if refused is not None:
                 await error_response(refused)(scope, receive, send)
                 return

@@ -49,6 +49,7 @@ from .settings import (
     OPENAI_MODELS,
     ServeSettings,
 )
+from .stream_input import stream_input_route
 from .streams import CUT, StreamCut, stream_speech, unless_gone, wants_stream
 from .ui import with_page
 from .voices import VoiceStore
@@ -78,6 +79,9 @@ class Service:
     # what `language` takes (GET /v1/audio/languages); None: a 404, and the page hides it
     languages: Callable[[], list[dict[str, Any]]] | None = None
     lora: tuple[str, ...] = ()  # the LoRA adapters a request may name (/v1/models lists them)
+    # a family whose requests take text that grows while they run (stream_input.py): body →
+    # (job, its text feed); None: the stream-input route refuses, the text comes whole
+    text_input: Callable[[Any, SpeechRequest], tuple[Any, Any]] | None = None
 
     @property
     def rate(self) -> int:
@@ -128,6 +132,7 @@ def create_app(service: Service) -> _Guard:
     _middleware(app, service)
     _speech_routes(app, service)
     _voice_routes(app, service)
+    stream_input_route(app, service)
     policy = HostPolicy.make(service.settings.host, service.settings.allowed_hosts)
     return Gate(_Guard(with_page(app, key_required=bool(service.settings.api_key))), policy)
 

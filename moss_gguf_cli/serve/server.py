@@ -108,8 +108,8 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def open_service(settings: ServeSettings, stepper: Stepper, created: int, *, model_id: str,
-                 job_for: JobFor, out: Any, languages: Any = None,
-                 lora: tuple[str, ...] = ()) -> Service:  # fmt: skip
+                 job_for: JobFor, out: Any, languages: Any = None, lora: tuple[str, ...] = (),
+                 text_input: Any = None) -> Service:  # fmt: skip
     """The routes' Service over a family's loaded STEPPER (closed if this fails): the one
     scheduler, its metrics, the voice store. CREATED: when the weights were made; the rest
     is what the family says to the routes (routes.Service)."""
@@ -124,7 +124,7 @@ def open_service(settings: ServeSettings, stepper: Stepper, created: int, *, mod
         stepper.close()
         raise
     return Service(settings, scheduler, voices, metrics, model_id, created, job_for, out,
-                   languages=languages, lora=lora)  # fmt: skip
+                   languages=languages, lora=lora, text_input=text_input)  # fmt: skip
 
 
 class _Server(uvicorn.Server):
