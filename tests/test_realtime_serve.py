@@ -58,7 +58,9 @@ def test_a_greedy_answer_is_synth_s(client, folder, tmp_path):
     """The server's engine, decoder windows and all, against `synth` on the same folder."""
     greedy = {"audio_temperature": 0, "audio_repetition_penalty": 1.0}
     served, rate = sf.read(io.BytesIO(speak(client, **greedy)), dtype="int16")
-    assert rate == 24_000 and served.ndim == 1 and len(served) == 12 * 1920
+    # random weights: the speech ends at 12 frames or at a frame holding a special code
+    assert rate == 24_000 and served.ndim == 1 and 0 < len(served) <= 12 * 1920
+    assert len(served) % 1920 == 0
     out = tmp_path / "synth.wav"
     ran = moss_gguf("synth", "--config", str(folder / "moss-tts-realtime.yaml"), "--text", TEXT,
                     "-o", str(out), "--audio-temperature", "0", "--audio-repetition-penalty",
@@ -72,7 +74,7 @@ def test_a_registered_voice_is_cloned(client, http, reference_wav):
     assert reply.status_code == 200, reply.text
     assert reply.json()["frames"] == -(-round(0.9 * 24_000) // 1920)
     cloned = speak(client, voice="rt-me")
-    assert sf.info(io.BytesIO(cloned)).frames == 12 * 1920
+    assert 0 < sf.info(io.BytesIO(cloned)).frames <= 12 * 1920
     assert cloned != speak(client)
 
 
@@ -130,7 +132,7 @@ def test_pieces_over_the_websocket_speak_as_the_whole_text(server, http):
     audio, messages, closed = converse(socket_url(server), {"text": " ", **GREEDY}, pieces)
     assert closed.code == 1000 and messages[-1] == {"isFinal": True}, (closed, messages[-1:])
     assert all(m["isFinal"] is None for m in messages[:-1]) and len(messages) > 2
-    assert audio == whole.content and len(audio) == 12 * 1920 * 2
+    assert audio == whole.content and len(audio) % (1920 * 2) == 0 and audio
 
 
 def test_a_client_that_never_ends_its_input_is_timed_out_and_its_slot_freed(server, http):
@@ -153,6 +155,12 @@ def test_what_the_socket_does_not_take_is_closed_with_a_reason(server, opening, 
                                                                 said):  # fmt: skip
     _, _, closed = converse(socket_url(server), opening, pieces, end=False)
     assert closed.code == code and said in closed.reason, closed
+
+
+def test_an_input_ended_before_any_word_is_closed_with_a_reason(server, http):
+    _, _, closed = converse(socket_url(server), {"text": " "}, [])
+    assert closed.code == 1008 and "the text is empty" in closed.reason, closed
+    assert http.get("/health").json()["status"] == "ok"
 
 
 def test_the_key_is_asked_of_a_socket_and_other_sites_pages_are_refused(server):

@@ -25,7 +25,7 @@ from ..tts.sampling import Sampler
 from ..verify.tensors import dequantize_rows
 from .depth import DepthTransformer
 from .feed import TextFeed
-from .prompt import PromptIds, prompt_rows, text_at
+from .prompt import PromptIds, lead_rows, prompt_head, text_at
 
 
 class RowTable:
@@ -63,6 +63,7 @@ class RealtimeEngine:
     def __init__(self, backbone: Path, depth: Path, ids: PromptIds, audio_eos: int,
                  settings: EngineSettings = EngineSettings()):  # fmt: skip
         self.ids, self.audio_eos = ids, audio_eos
+        self._head: tuple[bytes, int] | None = None  # the prompt head the backbone holds
         threads = settings.n_threads
         self.backbone = Backbone(backbone, BackboneSettings(
             n_ctx=settings.n_ctx, n_threads=threads, kv_cache_type_k=settings.kv_cache_type,
@@ -94,11 +95,11 @@ class RealtimeEngine:
         each frame for its token), and the caller steps again later."""
         ids = self.ids
         known = _Known(text)
+        self._start(prompt_head(encode, ids, reference))  # before the text: it needs none
         while not known.has(lead):
             yield None
-        prompt = prompt_rows(encode, ids, known.ids, lead, reference)
-        self.backbone.reset()
-        hidden, _ = self.backbone.prefill(self.embed(prompt), logits=False)
+        hidden, _ = self.backbone.prefill(self.embed(lead_rows(ids, known.ids, lead)),
+                                          logits=False)  # fmt: skip
         history = np.zeros((0, ids.rvq), np.int64)
         seen = np.zeros((ids.rvq, self.depth.vocab), np.float32)
         for n in range(max_frames):
@@ -117,6 +118,18 @@ class RealtimeEngine:
                 yield None
             row = np.concatenate([[text_at(known.ids, n + 1, lead, ids.text_pad)], codes])
             hidden, _ = self.backbone.step(self.embed(row[None])[0], logits=False)
+
+    def _start(self, head: np.ndarray) -> None:
+        """The backbone holding HEAD's rows and nothing after: kept from the last prompt when
+        it began the same way, else filled now."""
+        key = head.tobytes()
+        if self._head is not None and self._head[0] == key:
+            self.backbone.keep(len(head))
+            return
+        self._head = None
+        self.backbone.reset()
+        self.backbone.fill(self.embed(head))
+        self._head = (key, len(head))
 
     def close(self) -> None:
         for part in ("depth", "backbone"):

@@ -53,17 +53,14 @@ def text_encoder(folder: Path):
     return lambda text: tok.encode(text, add_special_tokens=False).ids
 
 
-def prompt_rows(encode, ids: PromptIds, text_ids: list[int], lead: int,
-                reference: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
-    """The (rows, 1 + rvq) int64 prompt: system turn, voice turn (REFERENCE: (frames, ≥ rvq)
-    codes), the assistant's opening, the first LEAD text ids. ENCODE: text → ids, as the
-    tokenizer encodes special tokens."""
-    if not text_ids:
-        raise InputError("the text is empty after tokenizing", hint="give some text to speak")
+def prompt_head(encode, ids: PromptIds, reference: np.ndarray | None = None) -> np.ndarray:
+    """The prompt's rows before the text: the system turn, the voice turn (REFERENCE: (frames,
+    ≥ rvq) codes) and the assistant's opening; the same for every text in that voice, so an
+    engine fills it once and keeps it. ENCODE: text → ids, special tokens read as theirs."""
     head = SYSTEM
     if reference is not None:
         head += VOICE.format(pads=AUDIO_PAD_TOKEN * reference.shape[0])
-    turn = list(encode(head))
+    turn = list(encode(head)) + list(encode(ASSISTANT))
     rows = np.full((len(turn), ids.rvq + 1), ids.audio_pad, np.int64)
     rows[:, 0] = turn
     if reference is not None:
@@ -73,12 +70,24 @@ def prompt_rows(encode, ids: PromptIds, text_ids: list[int], lead: int,
                              f"{reference.shape[0]}-frame reference",
                              hint="the tokenizer is not the model's")  # fmt: skip
         rows[at[0] : at[-1] + 1, 1:] = reference[:, : ids.rvq]
-    opening = list(encode(ASSISTANT))
-    tail = np.full((len(opening) + min(lead, len(text_ids)), ids.rvq + 1), ids.audio_pad,
-                   np.int64)  # fmt: skip
-    tail[:, 0] = opening + text_ids[:lead]
-    tail[-1, 1] = ids.audio_bos
-    return np.concatenate([rows, tail])
+    return rows
+
+
+def lead_rows(ids: PromptIds, text_ids: list[int], lead: int) -> np.ndarray:
+    """The prompt's last rows: the first LEAD text ids (all, if fewer), the last carrying the
+    audio BOS in codebook 1."""
+    if not text_ids:
+        raise InputError("the text is empty after tokenizing", hint="give some text to speak")
+    rows = np.full((min(lead, len(text_ids)), ids.rvq + 1), ids.audio_pad, np.int64)
+    rows[:, 0] = text_ids[:lead]
+    rows[-1, 1] = ids.audio_bos
+    return rows
+
+
+def prompt_rows(encode, ids: PromptIds, text_ids: list[int], lead: int,
+                reference: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """The whole (rows, 1 + rvq) int64 prompt: `prompt_head`, then `lead_rows`."""
+    return np.concatenate([prompt_head(encode, ids, reference), lead_rows(ids, text_ids, lead)])
 
 
 def text_at(text_ids: list[int], frame: int, lead: int, text_pad: int) -> int:

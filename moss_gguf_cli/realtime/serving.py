@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import UsageError
+from ..errors import InputError, UsageError
 from ..native.cpu_features import physical_cores
 from ..serve.api_errors import ApiError
 from ..serve.output import MonoOut
@@ -157,6 +157,10 @@ class RealtimeStepper(TurnTaking):
         return self.codec.encode(read_reference(Path(clip)))
 
     def explain(self, error: BaseException, job: Any) -> ApiError | None:
+        """A text that came to nothing (a stream-input that ended before any word) is the
+        client's: a 400 naming the input."""
+        if isinstance(error, InputError):
+            return ApiError(400, error.message, param="input", code="invalid_value")
         return None
 
     def speech(self, engine: RealtimeEngine, request: RealtimeRequest, watch: Watch,

@@ -259,6 +259,14 @@ class Backbone:
             self._lc.llama_memory_seq_rm(self._memory, seq, -1, -1)
             self._past[seq] = 0
 
+    def keep(self, rows: int, seq: int = 0) -> None:
+        """SEQ's first ROWS positions kept, the rest forgotten: a prompt's beginning that the
+        next prompt shares is filled once and kept (MOSS-TTS-Realtime's system turn)."""
+        if rows > self._past[seq]:
+            raise ValueError(f"sequence {seq} holds {int(self._past[seq])} rows, not {rows}")
+        self._lc.llama_memory_seq_rm(self._memory, seq, rows, -1)
+        self._past[seq] = rows
+
     def _set_embeddings(self, on: bool) -> None:
         if on != self._embeddings_on:
             self._lc.llama_set_embeddings(self._ctx, on)
