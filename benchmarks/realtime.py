@@ -2,7 +2,7 @@
 checkpoint of random weights of the release's shape, and the frame loop's time.
 
     python benchmarks/realtime.py [--types Q8_0] [--frames 40] [--threads 2] [--json out.json]
-                                  [--keep]
+                                  [--keep] [--served ROUNDS]
 
 Writes the checkpoint once under $MOSS_GGUF_BENCH_DIR (default /tmp/moss-gguf-bench):
 upstream's config with the release's dims (a Qwen3-1.7B backbone: hidden 2048, 28 layers, 16/8
@@ -17,6 +17,9 @@ depth transformer's share of a frame, and the bytes a frame reads (the backbone'
 once, the depth transformer's layers, norm and one head sixteen times) against the read
 bandwidth a NumPy sum reaches (delay/floor.read_bandwidth): the frame's memory floor. The
 converted folders are deleted unless --keep; the checkpoint is kept for the next run.
+--served ROUNDS: `moss-gguf serve` on the folder and the stream-input WebSocket on 127.0.0.1,
+the first audio message's time after the text was sent (medians of the rounds after the first,
+which also fills the prompt's head).
 """
 
 from __future__ import annotations
@@ -149,6 +152,56 @@ def frames(folder: Path, n: int, threads: int) -> dict[str, float]:
             "first_frame_in_frames": (stamps[0] - t1) / float(np.median(steady))}
 
 
+def served(folder: Path, rounds: int) -> dict[str, float]:
+    """`moss-gguf serve` on the folder, the stream-input WebSocket on 127.0.0.1: the opening
+    message, then the text (its 12-token lead and more) in one piece and the end; seconds
+    from sending the text to the first audio message, ROUNDS times (medians; the first round
+    also fills the prompt's head)."""
+    import base64
+    import re
+    import tempfile
+
+    from websockets.sync.client import connect
+
+    log = Path(tempfile.mkstemp(prefix="realtime-serve-", suffix=".log")[1])
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "moss_gguf_cli", "serve", "--config",
+                                 str(folder / "moss-tts-realtime.yaml"), "--port", "0",
+                                 "--max-batch", "1"], stdout=out,
+                                stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        while not (found := re.search(r"http://127\.0\.0\.1:(\d+)/v1", log.read_text())):
+            if proc.poll() is not None:
+                raise SystemExit(f"serve exited: {log.read_text()[-2000:]}")
+            time.sleep(0.2)
+        url = f"ws://127.0.0.1:{found.group(1)}/v1/text-to-speech/alloy/stream-input"
+        firsts, audio_s = [], []
+        for _ in range(rounds):
+            with connect(url, open_timeout=600) as ws:
+                ws.send(json.dumps({"text": " ", "seed": 1, "min_new_tokens": 8,
+                                    "max_new_tokens": 8}))  # fmt: skip
+                t = time.perf_counter()
+                ws.send(json.dumps({"text": TEXT}))
+                ws.send(json.dumps({"text": ""}))
+                first, pcm = None, b""
+                for message in ws:
+                    reply = json.loads(message)
+                    if reply.get("audio"):
+                        first = first or time.perf_counter() - t
+                        pcm += base64.b64decode(reply["audio"])
+                    if reply.get("isFinal"):
+                        break
+            firsts.append(first)
+            audio_s.append(len(pcm) / 2 / 24_000)
+        return {"served_first_audio_s": [round(f, 3) for f in firsts],
+                "served_first_audio_s_median": float(np.median(firsts[1:] or firsts)),
+                "served_audio_s": audio_s}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        log.unlink()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--types", default="Q8_0")
@@ -156,6 +209,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--served", type=int, default=0, metavar="ROUNDS",
+                        help="also time the first audio over the stream-input WebSocket")
     args = parser.parse_args()
     source = checkpoint()
     codec = ensure_tiny_codec(cache_root() / "builtin" / "tiny-codec")[0].parent
@@ -177,6 +232,10 @@ def main() -> None:
         row["bandwidth_gb_s"] = bandwidth / 1e9
         row["floor_ms"] = 1000 * row["bytes"]["frame"] / bandwidth
         row["floor_over_actual"] = row["floor_ms"] / row["frame_ms_median"]
+        if args.served:
+            row.update(served(out, args.served))
+            row["served_first_audio_in_frames"] = (row["served_first_audio_s_median"] * 1000
+                                                   / row["frame_ms_median"])
         results[file_type] = row
         print(json.dumps({file_type: row}, indent=2), flush=True)
         if not args.keep:
