@@ -97,9 +97,10 @@ def socket_url(server, voice: str = "alloy", **query: str) -> str:
         f"?{tail}" if tail else "")  # fmt: skip
 
 
-def converse(url: str, opening: dict, pieces: list[str], *, end: bool = True,
+def converse(url: str, opening: dict, pieces: list, *, end: bool = True,
              headers: dict | None = None) -> tuple[bytes, list[dict], object]:  # fmt: skip
-    """(the audio, every message, the close frame) of one conversation."""
+    """(the audio, every message, the close frame) of one conversation; a piece is a text or
+    a whole message (a dict) or raw bytes (a binary message)."""
     import base64
     import json
 
@@ -111,7 +112,8 @@ def converse(url: str, opening: dict, pieces: list[str], *, end: bool = True,
                  open_timeout=TIMEOUT) as ws:  # fmt: skip
         ws.send(json.dumps(opening))
         for piece in pieces:
-            ws.send(json.dumps({"text": piece}))
+            ws.send(piece if isinstance(piece, bytes) else
+                    json.dumps(piece if isinstance(piece, dict) else {"text": piece}))
         if end:
             ws.send(json.dumps({"text": ""}))
         try:
@@ -150,6 +152,8 @@ def test_a_client_that_never_ends_its_input_is_timed_out_and_its_slot_freed(serv
     ({"text": "Hello"}, [], 1008, 'the opening message is {"text": " "}'),
     ({"text": " ", "language": "en"}, [], 1008, "language"),
     ({"text": " ", "audio_top_k": -3}, [], 1008, "audio_top_k"),
+    ({"text": " ", "input": "Hi"}, [], 1008, "input is not taken in the opening message"),
+    ({"text": " "}, [b"\x00\x01"], 1003, "not binary"),
 ])  # fmt: skip
 def test_what_the_socket_does_not_take_is_closed_with_a_reason(server, opening, pieces, code,
                                                                 said):  # fmt: skip
@@ -157,10 +161,24 @@ def test_what_the_socket_does_not_take_is_closed_with_a_reason(server, opening, 
     assert closed.code == code and said in closed.reason, closed
 
 
-def test_an_input_ended_before_any_word_is_closed_with_a_reason(server, http):
-    _, _, closed = converse(socket_url(server), {"text": " "}, [])
-    assert closed.code == 1008 and "the text is empty" in closed.reason, closed
+def test_an_input_ended_before_any_word_says_it_is_final(server, http):
+    audio, messages, closed = converse(socket_url(server), {"text": " "}, ["   "])
+    assert closed.code == 1000 and messages == [{"isFinal": True}] and not audio, closed
     assert http.get("/health").json()["status"] == "ok"
+
+
+def test_a_flush_ends_an_utterance_and_the_next_one_follows(server, http):
+    """Each utterance is a request of its own: the audio is the two texts' answers in order
+    (greedy: each as the speech endpoint says it)."""
+    first, second = "Hello from the first one.", "And here is the second."
+    whole = [http.post("/v1/audio/speech", json={"model": MODEL, "input": text, "voice": "alloy",
+                                                 "response_format": "pcm", **GREEDY}).content
+             for text in (first, second)]  # fmt: skip
+    audio, messages, closed = converse(socket_url(server), {"text": " ", **GREEDY},
+                                       ["Hello from ", {"text": "the first one.", "flush": True},
+                                        "And here is the second."])  # fmt: skip
+    assert closed.code == 1000 and messages[-1] == {"isFinal": True}, closed
+    assert audio == whole[0] + whole[1] and all(whole)
 
 
 def test_the_key_is_asked_of_a_socket_and_other_sites_pages_are_refused(server):
@@ -204,3 +222,38 @@ def test_synth_speaks_stdin_as_it_arrives(folder):
     finally:
         proc.kill()
     assert len(early + rest) % 2 == 0 and len(early + rest) >= 2 * 1920 * 2
+
+
+def test_a_feed_gives_out_no_token_that_more_text_may_change(folder):
+    """Fewer tokens than the hold-back: nothing given out ("He" may become "Hello"); the end
+    gives out the whole text's tokens; a piece past the limit is refused, nothing taken."""
+    from moss_gguf_cli.errors import InputError
+    from moss_gguf_cli.realtime.feed import TextFeed
+    from moss_gguf_cli.realtime.prompt import text_encoder
+
+    encode = text_encoder(folder)
+    feed = TextFeed(encode, 40)
+    feed.push("He")
+    assert feed.ids == []
+    feed.push("llo there, how are you")
+    assert feed.ids == encode("Hello there, how are you")[:-3]
+    with pytest.raises(InputError, match="would pass 40 characters"):
+        feed.push(" and a great deal more text")
+    with pytest.raises(InputError, match="cannot be tokenized"):
+        feed.push("\ud800")
+    assert feed.text == "Hello there, how are you"
+    feed.end()
+    assert feed.ids == encode("Hello there, how are you") and feed.ended
+
+
+def test_a_request_past_the_context_is_refused_before_any_audio(http, folder, tmp_path):
+    reply = http.post("/v1/audio/speech", json={"model": MODEL, "input": TEXT,
+                                                "max_new_tokens": 99_999})  # fmt: skip
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == "max_new_tokens" and error["code"] == "context_length_exceeded"
+    ran = moss_gguf("synth", "--config", str(folder / "moss-tts-realtime.yaml"), "--text", TEXT,
+                    "-o", str(tmp_path / "a.wav"), "--max-new-tokens", "99999")  # fmt: skip
+    lines = ran.stderr.strip().splitlines()
+    assert ran.returncode != 0 and len(lines) == 1 and "raise --n-ctx" in lines[0], ran.stderr
+    assert not (tmp_path / "a.wav").exists()

@@ -20,6 +20,7 @@ from ..tts.spoken import (
     Planned,
     Spoken,
     Table,
+    check_codes_out,
     read_text,
     refuse_options,
     sink_of,
@@ -70,6 +71,7 @@ def synth_delay(config: Path, o: dict[str, Any], progress: ProgressReporter) -> 
                    sound_event=o["sound_event"], ambient_sound=o["ambient_sound"],
                    normalize=o["normalize"], speakers=speakers, max_batch=o["max_batch"],
                    retries=o["runaway_retries"])  # fmt: skip
+    check_codes_out(o.get("codes_out"))
     sink, fmt = sink_of(o["output"], o["stream"])
     if fmt is None:
         result = synth_to_wav(settings, sink, words, progress=progress, **options)

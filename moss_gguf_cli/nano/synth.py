@@ -13,7 +13,15 @@ import numpy as np
 from ..doctor import preflight
 from ..errors import InputError, OutputError, UsageError
 from ..quantize.engines import Engine
-from ..tts.spoken import Spoken, Table, read_text, refuse_options, sink_of, write_codes
+from ..tts.spoken import (
+    Spoken,
+    Table,
+    check_codes_out,
+    read_text,
+    refuse_options,
+    sink_of,
+    write_codes,
+)
 from ..tts.streaming import pcm16, wav_header
 from .engine import (
     ContextTooShort,
@@ -168,6 +176,7 @@ def synth_options(config: Path, o: dict[str, Any], progress: Any = None) -> Spok
         raise UsageError("MOSS-TTS-Nano clones one voice: give one --reference clip")
     words = read_text(o["text"], o["text_file"])
     settings = folder.settings.override(**{name: o[name] for name in SAMPLING})
+    check_codes_out(o.get("codes_out"))
     sink, fmt = sink_of(o["output"], o["stream"])
     preflight(needs_quantize=False, needs_runtime=True, output=o["output"], needed_bytes=None,
               llama_cpp=None, engine=Engine.AUTO)  # fmt: skip

@@ -25,7 +25,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from ..errors import UsageError
+from ..errors import InputError, UsageError
 from ..native import libggml
 from ..progress import ProgressReporter, ensure
 from .checkpoint import RealtimeCheckpoint
@@ -132,14 +132,16 @@ def write_depth(checkpoint: RealtimeCheckpoint, path: Path, file_type: str,
     _add_keys(w, checkpoint, file_type)
     for t in plan:
         w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=t.qtype)
-    w.write_header_to_file(path=Path(path))
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    bar.start("depth", f"depth transformer ({file_type})", len(plan), "")
-    for t in plan:
-        w.write_tensor_data(_encode(checkpoint.tensors[t.source].read_f32(), t))
-        bar.advance("depth", 1, description=t.name)
-    w.close()
+    try:
+        w.write_header_to_file(path=Path(path))
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        bar.start("depth", f"depth transformer ({file_type})", len(plan), "")
+        for t in plan:
+            w.write_tensor_data(_encode(checkpoint.tensors[t.source].read_f32(), t))
+            bar.advance("depth", 1, description=t.name)
+    finally:
+        w.close()
     bar.finish("depth")
     return Path(path)
 
@@ -159,7 +161,10 @@ def _encode(rows: np.ndarray, t: DepthTensor) -> np.ndarray:
 def dims_of(reader: gguf.GGUFReader) -> QwenDims:
     """The depth transformer's dims as a depth GGUF says them."""
     def get(key: str) -> float:
-        field = reader.fields[f"{ARCH}.{key}"]
+        field = reader.fields.get(f"{ARCH}.{key}")
+        if field is None:
+            raise InputError(f"the depth GGUF has no {ARCH}.{key}", path=Path(reader.data.filename),
+                             hint="convert the model again")  # fmt: skip
         return field.parts[field.data[0]][0].item()
 
     return QwenDims(hidden=int(get("embedding_length")), layers=int(get("block_count")),

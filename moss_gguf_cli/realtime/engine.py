@@ -113,11 +113,22 @@ class RealtimeEngine:
             codes = codes.astype(np.int64)
             history = np.concatenate([history, codes[None]])
             yield codes
+            if n + 1 == max_frames:  # no row after the last frame: nothing to wait for
+                return
             at = min(lead, len(known.ids)) + n  # the row's text: the lead's next token
             while not known.has(at + 1):
                 yield None
             row = np.concatenate([[text_at(known.ids, n + 1, lead, ids.text_pad)], codes])
             hidden, _ = self.backbone.step(self.embed(row[None])[0], logits=False)
+
+    def positions(self, head_rows: int, lead: int, max_frames: int) -> int:
+        """The backbone positions a prompt of HEAD_ROWS + LEAD rows and MAX_FRAMES frames
+        takes: a row fed back after every frame but the last."""
+        return head_rows + lead + max_frames - 1
+
+    @property
+    def n_ctx(self) -> int:
+        return self.backbone.n_ctx
 
     def _start(self, head: np.ndarray) -> None:
         """The backbone holding HEAD's rows and nothing after: kept from the last prompt when

@@ -29,6 +29,10 @@ ASSISTANT = "<|im_start|>assistant\n"
 AUDIO_PAD_TOKEN = "<|audio_pad|>"
 
 
+class EmptyText(InputError):
+    """The text came to nothing once tokenized (a stream-input ended before any word)."""
+
+
 @dataclass(frozen=True)
 class PromptIds:
     """The ids the prompt needs from the config."""
@@ -77,7 +81,7 @@ def lead_rows(ids: PromptIds, text_ids: list[int], lead: int) -> np.ndarray:
     """The prompt's last rows: the first LEAD text ids (all, if fewer), the last carrying the
     audio BOS in codebook 1."""
     if not text_ids:
-        raise InputError("the text is empty after tokenizing", hint="give some text to speak")
+        raise EmptyText("the text is empty after tokenizing", hint="give some text to speak")
     rows = np.full((min(lead, len(text_ids)), ids.rvq + 1), ids.audio_pad, np.int64)
     rows[:, 0] = text_ids[:lead]
     rows[-1, 1] = ids.audio_bos

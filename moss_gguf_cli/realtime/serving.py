@@ -11,6 +11,7 @@ answer is the streamed pieces joined: the same bytes. 24 kHz mono in every forma
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, UsageError
+from ..errors import UsageError
 from ..native.cpu_features import physical_cores
 from ..serve.api_errors import ApiError
 from ..serve.output import MonoOut
@@ -28,7 +29,7 @@ from ..serve.routes import Service
 from ..serve.schemas import SpeechRequest
 from ..serve.server import Served, open_service
 from ..serve.settings import DEFAULT_VOICE, MAX_INPUT_CHARS, OPENAI_VOICES, ServeSettings
-from ..serve.stepper import Delta, ServedModel, SpeechJob, TurnTaking, Watch
+from ..serve.stepper import WAITING, Delta, ServedModel, SpeechJob, TurnTaking, Watch
 from ..tts.codec import FRAME_SAMPLES, SAMPLE_RATE, AudioCodec, read_reference
 from ..tts.sampling import Sampler, SamplingParams
 from ..tts.streaming import StreamSettings, WindowDecoder, probe_receptive_field
@@ -36,10 +37,10 @@ from .config import TITLE
 from .engine import EngineSettings, RealtimeEngine
 from .feed import TextFeed
 from .layout import RealtimeSettings
-from .prompt import text_encoder
+from .prompt import EmptyText, prompt_head, text_encoder
 from .synth import Ending, RealtimeFolderConfig, valid_frames
 
-WAIT_S = 0.02  # the worker's longest wait for a client's text before it steps the others
+WAIT_S = 0.05  # the worker's longest rest while every request waits on its client's text
 # a request's sampling keys (serve/schemas SAMPLING_KEYS) → the folder setting each overrides
 SAMPLING = {"audio_temperature": "temperature", "audio_top_p": "top_p", "audio_top_k": "top_k",
             "audio_repetition_penalty": "repetition_penalty"}  # fmt: skip
@@ -122,7 +123,8 @@ def _load(settings: ServeSettings, config: RealtimeFolderConfig) -> Service:
         raise
     return open_service(settings, stepper, int(config.backbone.stat().st_mtime),
                         model_id=TITLE.lower(), job_for=realtime_job, out=MonoOut(SAMPLE_RATE),
-                        text_input=partial(text_input_job, encode=stepper.encode))  # fmt: skip
+                        text_input=partial(text_input_job, encode=stepper.encode,
+                                           wake=stepper.wake))  # fmt: skip
 
 
 class RealtimeStepper(TurnTaking):
@@ -136,6 +138,11 @@ class RealtimeStepper(TurnTaking):
         self.encode = text_encoder(config.tokenizer)
         self.info = ServedModel(TITLE, config.ids.rvq, SAMPLE_RATE, 1, FRAME_SAMPLES)
         self.reach = probe_receptive_field(codec, config.ids.audio_pad)
+        self.wake = threading.Event()  # set by every feed's change: the idle worker's wake-up
+
+    def idle(self) -> None:
+        if self.wake.wait(WAIT_S):
+            self.wake.clear()
 
     def prepare(self, job: RealtimeJob) -> RealtimeRequest:
         changes = {SAMPLING[k]: v for k, v in (job.sampling or {}).items() if k in SAMPLING}
@@ -151,6 +158,16 @@ class RealtimeStepper(TurnTaking):
         if job.feed is None and not text:
             raise ApiError(400, "input is empty after tokenizing", param="input",
                            code="invalid_value")  # fmt: skip
+        engine, lead = self.engines[0], self.config.lead
+        head = len(prompt_head(self.encode, self.config.ids, job.reference_codes))
+        need = engine.positions(head, lead, settings.max_new_tokens)
+        if need > engine.n_ctx:  # refused now, not after minutes of audio
+            room = engine.n_ctx - head - lead + 1
+            raise ApiError(400, f"the prompt ({head + lead} rows) and max_new_tokens "
+                           f"{settings.max_new_tokens} need {need:,} positions, this server "
+                           f"holds {engine.n_ctx:,}; lower max_new_tokens to {max(room, 0)} or "
+                           "less", param="max_new_tokens",
+                           code="context_length_exceeded")  # fmt: skip
         return RealtimeRequest(text, settings, job.seed, job.reference_codes)
 
     def encode_voice(self, clip: Path) -> np.ndarray:
@@ -159,8 +176,8 @@ class RealtimeStepper(TurnTaking):
     def explain(self, error: BaseException, job: Any) -> ApiError | None:
         """A text that came to nothing (a stream-input that ended before any word) is the
         client's: a 400 naming the input."""
-        if isinstance(error, InputError):
-            return ApiError(400, error.message, param="input", code="invalid_value")
+        if isinstance(error, EmptyText):
+            return ApiError(400, error.message, param="input", code="empty_input")
         return None
 
     def speech(self, engine: RealtimeEngine, request: RealtimeRequest, watch: Watch,
@@ -184,10 +201,9 @@ class RealtimeStepper(TurnTaking):
 
         for frame in valid_frames(made, config.ids.audio_pad, ending):
             if frame is None:  # its text has not come yet: waiting on the client is no stall
-                request.text.wait(len(request.text.ids), WAIT_S)
                 self.progressed()
                 watch.frame()
-                yield
+                yield WAITING
                 continue
             n += 1
             self.progressed()
@@ -220,10 +236,11 @@ def realtime_job(service: Service, body: SpeechRequest) -> RealtimeJob:
                        min_new_tokens=body.min_new_tokens)  # fmt: skip
 
 
-def text_input_job(service: Service, body: SpeechRequest, encode) -> tuple[RealtimeJob, TextFeed]:
+def text_input_job(service: Service, body: SpeechRequest, encode,
+                   wake: threading.Event) -> tuple[RealtimeJob, TextFeed]:  # fmt: skip
     """A request whose text arrives while it runs (serve/stream_input.py): BODY's settings, a
-    feed the route pushes the pieces into."""
-    feed = TextFeed(encode, MAX_INPUT_CHARS)
+    feed the route pushes the pieces into (each change wakes the idle worker)."""
+    feed = TextFeed(encode, MAX_INPUT_CHARS, wake=wake)
     job = realtime_job(service, body)
     job.feed = feed
     return job, feed

@@ -20,13 +20,13 @@ from ..errors import InputError, OutputError, UsageError
 from ..quantize.engines import Engine
 from ..tts.codec import SAMPLE_RATE, AudioCodec, read_reference
 from ..tts.sampling import Sampler, SamplingParams
-from ..tts.spoken import Spoken, read_text, refuse_options, sink_of, write_codes
+from ..tts.spoken import Spoken, check_codes_out, read_text, refuse_options, sink_of, write_codes
 from ..tts.streaming import StreamSettings, WindowDecoder, pcm16, probe_receptive_field, wav_header
 from .config import FAMILY_NAME, TITLE
 from .engine import EngineSettings, RealtimeEngine
 from .feed import TextFeed
 from .layout import RealtimeSettings
-from .prompt import PromptIds, text_encoder
+from .prompt import PromptIds, prompt_head, text_encoder
 
 MAX_STDIN_CHARS = 1_000_000  # text read from stdin as it arrives (a book's chapter)
 # the options of `synth` a Realtime folder does not take (the delay models' text options, …)
@@ -149,6 +149,14 @@ def realtime_synth(config: RealtimeFolderConfig, output: Path | BinaryIO, text: 
                                            n_threads=threads or settings.n_threads,
                                            kv_cache_type=settings.kv_cache_type,
                                            flash_attn=settings.flash_attn))  # fmt: skip
+    head = len(prompt_head(encode, config.ids, ref_codes))
+    need = engine.positions(head, config.lead, settings.max_new_tokens)
+    if need > (n_ctx := engine.n_ctx):  # said now, not after minutes of audio
+        engine.close()
+        raise InputError(f"the prompt ({head + config.lead} rows) and --max-new-tokens "
+                         f"{settings.max_new_tokens} need {need:,} positions; n_ctx is "
+                         f"{n_ctx:,}", path=config.source,
+                         hint="lower --max-new-tokens, or raise --n-ctx")  # fmt: skip
     audio = SamplingParams(settings.temperature, settings.top_p, settings.top_k,
                            settings.repetition_penalty)  # fmt: skip
     sampler = Sampler(audio, audio, seed)
@@ -192,7 +200,8 @@ def _waiting(frames, text: list[int] | TextFeed):
 
 def stdin_feed(encode, stdin: BinaryIO) -> TextFeed:
     """Standard input as it arrives, pushed into a feed by a reader thread (UTF-8, decoded
-    as the bytes come; the feed ends at end of file)."""
+    as the bytes come; the feed ends at end of file). Text past the feed's limit is not read:
+    the feed's `cut` then says so (nothing cut silently)."""
     import codecs
     import os
     import threading
@@ -205,7 +214,9 @@ def stdin_feed(encode, stdin: BinaryIO) -> TextFeed:
             while data := os.read(stdin.fileno(), 4096):
                 feed.push(decoder.decode(data))
             feed.push(decoder.decode(b"", final=True))
-        except (OSError, InputError):  # a closed stdin, or more text than the feed takes
+        except InputError as exc:  # more text than the feed takes
+            feed.cut = exc.message
+        except OSError:  # a closed stdin: the text is what came
             pass
         finally:
             feed.end()
@@ -273,6 +284,7 @@ def synth_options(config: Path, o: dict[str, Any], progress: Any = None) -> Spok
     settings = dataclasses.replace(folder.settings, **changes)
     if settings.min_new_tokens > settings.max_new_tokens:
         raise UsageError("--min-new-tokens is more than --max-new-tokens")
+    check_codes_out(o.get("codes_out"))
     sink, fmt = sink_of(o["output"], o["stream"])
     preflight(needs_quantize=False, needs_runtime=True, output=o["output"], needed_bytes=None,
               llama_cpp=None, engine=Engine.AUTO)  # fmt: skip
@@ -284,7 +296,10 @@ def synth_options(config: Path, o: dict[str, Any], progress: Any = None) -> Spok
     rtf = result.seconds_taken / seconds if seconds else 0.0
     summary = (f"{result.frames} frames, {seconds:.2f} s of 24 kHz mono audio in "
                f"{result.seconds_taken:.1f} s (real-time factor {rtf:.2f})")  # fmt: skip
-    warnings = {"max": [f"reached --max-new-tokens ({result.frames} frames) before the model "
+    cut = getattr(text, "cut", None)
+    warnings = [f"standard input was read up to the limit: {cut}; the rest was not spoken"] \
+        if cut else []  # fmt: skip
+    warnings += {"max": [f"reached --max-new-tokens ({result.frames} frames) before the model "
                         "ended the speech"],
                 "invalid": [f"frame {result.frames + 1} held a code outside the codebook; the "
                             "speech ends there, as upstream's streaming decoder ends it"],

@@ -72,16 +72,16 @@ def verify_realtime(target: Path, source: str | None, deep: bool) -> VerifyRepor
                    f"{len(expected)} tensors, names and shapes as config.json implies")
     rows.group = "source"
     checkpoint = _source(folder, manifest, source, rows)
+    if deep and checkpoint is None:  # before minutes of value checks
+        raise UsageError("--deep compares ours with the exact files written from the source, "
+                         "and the source is not here", path=folder,
+                         hint="pass --source with the checkpoint the folder was made from")
     steered = bool((manifest.get("made_from") or {}).get("imatrix"))
     if checkpoint is not None:
         for path, reader in readers.items():
             rows.check(f"{path.name}: values", _value_problems(reader, path, checkpoint, steered),
                        "every tensor is the source's, bit for bit as written")
-    if deep:
-        if checkpoint is None:
-            raise UsageError("--deep compares ours with the exact files written from the source, "
-                             "and the source is not here", path=folder,
-                             hint="pass --source with the checkpoint the folder was made from")
+    if deep and checkpoint is not None:
         deep_rows(checkpoint, {p: manifest["quant_types"][p.name] for p in readers},
                   text_encoder(folder), rows)  # fmt: skip
     return VerifyReport(
@@ -181,6 +181,8 @@ def _value_problems(reader: gguf.GGUFReader, path: Path, checkpoint: RealtimeChe
     for t in reader.tensors:
         if t.name not in expected:
             continue
+        if tuple(int(x) for x in reversed(t.shape)) != expected[t.name][1]:
+            continue  # its header row says so
         ref = checkpoint.tensors[expected[t.name][0]].read_f32()
         kind, raw = t.tensor_type.name, np.asarray(t.data)
         rows = raw.reshape(ref.shape[0] if ref.ndim == 2 else 1, -1).view(np.uint8)

@@ -148,6 +148,9 @@ class Stepper(Protocol):
     def close(self) -> None: ...
 
 
+WAITING = object()  # what a turn's step yields when it made nothing: it waits on its client
+
+
 @dataclass(eq=False)
 class Turn:
     """A running request of a turn-taking stepper: its engine and the generator that speaks
@@ -162,7 +165,9 @@ class TurnTaking:
     """The Stepper of a family whose engines each speak one request (one KV sequence): as many
     at once as ENGINES, every running request stepped a frame in turn on the core's one worker
     (MOSS-TTS-Nano, MOSS-TTS-Realtime). A family gives `info`, `prepare`, `encode_voice`,
-    `explain` and `speech(engine, prepared, watch, on_audio)`: the generator of one request."""
+    `explain` and `speech(engine, prepared, watch, on_audio)`: the generator of one request,
+    which yields after each frame, or WAITING when it waits on its client (text still to
+    come): a step where every request waits rests in `idle` instead of spinning."""
 
     def __init__(self, engines: list[Any]):
         self.engines = engines
@@ -194,19 +199,29 @@ class TurnTaking:
     def step(self) -> list[Finished]:
         finished: list[Finished] = []
         self.stepped = len(self._turns)
+        idle = bool(self._turns)  # every running request waited on its client this step
         for turn in list(self._turns):
             try:
-                next(turn.steps)
+                if next(turn.steps) is not WAITING:
+                    idle = False
                 continue
             except StopIteration as done:
                 finished.append((turn.task, done.value, None))
             except BaseException as exc:  # noqa: BLE001 - every failure answers its request
                 finished.append((turn.task, None, exc))
+            idle = False
             self._turns.remove(turn)
             # the engine freed last speaks next: a lone client's voice finds its shared
             # prompt rows kept there (each engine keeps its own)
             self._free.insert(0, turn.engine)
+        if idle:
+            self.idle()
         return finished
+
+    def idle(self) -> None:
+        """Every running request waits on its client's text: rest until one sends (a family
+        whose requests wait overrides this with a wake-up; this sleeps briefly)."""
+        time.sleep(0.005)
 
     def stop(self, error: BaseException) -> None:
         for turn in self._turns:

@@ -79,13 +79,18 @@ def sink_of(output: Path, stream: bool) -> tuple[Any, str | None]:
     return output, "wav" if output.suffix.lower() == ".wav" else "pcm"
 
 
+def check_codes_out(path: Path | None) -> None:
+    """`--codes-out` names a file in a folder that exists: said before any synthesis."""
+    if path is not None and (Path(path).is_dir() or not Path(path).parent.is_dir()):
+        raise OutputError("not a file in an existing folder", path=path,
+                          hint="name an .npy file in a folder that exists")  # fmt: skip
+
+
 def write_codes(path: Path, codes: np.ndarray) -> None:
     """`--codes-out`: the code grid the codec decodes, (frames, codebooks) int64 as an .npy,
     written under a temporary name and renamed when complete."""
     path = Path(path)
-    if path.is_dir() or not path.parent.is_dir():
-        raise OutputError("not a file in an existing folder", path=path,
-                          hint="name an .npy file in a folder that exists")  # fmt: skip
+    check_codes_out(path)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         with open(tmp, "wb") as f:
