@@ -55,6 +55,10 @@ class InputError(MossGgufError):
     exit_code = 2
 
 
+class TooMuchText(InputError):
+    """Text that would pass its limit (a growing text's piece): refused, nothing taken."""
+
+
 class UnsupportedModelError(InputError):
     """A checkpoint that looks like MOSS but is not a delay model we convert."""
 

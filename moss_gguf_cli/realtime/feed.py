@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from ..errors import InputError
+from ..errors import InputError, TooMuchText
 
 HOLD_BACK = 3  # upstream's default
 
@@ -51,7 +51,7 @@ class TextFeed:
             if self.ended:
                 raise InputError("the text has ended; no more can be added")
             if len(self._text) + len(piece) > self.max_chars:
-                raise InputError(f"the text would pass {self.max_chars} characters",
+                raise TooMuchText(f"the text would pass {self.max_chars} characters",
                                  hint="end this input and start another")  # fmt: skip
             if not piece:
                 return

@@ -36,7 +36,7 @@ from typing import Any
 
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 
-from ..errors import InputError
+from ..errors import InputError, TooMuchText
 from ..tts.streaming import pcm16
 from .api_errors import ApiError
 from .schemas import parse_speech
@@ -153,8 +153,9 @@ async def _receive(ws: WebSocket, service: Any, body: Any, timeout: float,
                 if message.get("flush") is True:
                     feed.end()
                     feed = None
-        except InputError as exc:
-            raise Refused(exc.message, TOO_BIG) from None
+        except InputError as exc:  # past the limit (a 1009), or text it cannot take
+            raise Refused(exc.message, TOO_BIG if isinstance(exc, TooMuchText) else POLICY) \
+                from None  # fmt: skip
 
 
 def _start(service: Any, body: Any, streams: list[Any], utterances: asyncio.Queue) -> Any:
