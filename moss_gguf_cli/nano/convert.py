@@ -20,7 +20,7 @@ from ..pipeline.first_class import parse_formats
 from ..pipeline.made_from import MadeFrom, source_identity
 from ..pipeline.route import AllRequest
 from ..pipeline.steps import AllSettings
-from ..pipeline.summary import FolderSummary, part_sizes
+from ..pipeline.summary import FolderSummary, part_sizes, verified_folder
 from ..pipeline.verify_failure import Written, removed_if_verify_fails, require_pass
 from ..progress import ProgressReporter, ensure
 from ..quantize.engines import Engine, parse_engine
@@ -65,12 +65,8 @@ class NanoRun:
         parts = [*[g.name for g in folder.ggufs], "tables/", "local_transformer/",
                  TOKENIZER_NAME, "audio_tokenizer/"]  # fmt: skip
         config = folder.configs[0] if folder.configs else folder.output / CONFIG_NAME
-        return FolderSummary(
-            folder.output, f"{folder.output} (MOSS-TTS-Nano)", part_sizes(folder.files, parts),
-            [f"verify: {counts['pass']} passed, {counts['warn']} warnings, "
-             f"{counts['fail']} failed",
-             f"speak it: moss-gguf synth --config {config} --text 'Hello' -o hello.wav"],
-            [*folder.notes, *self.notes])  # fmt: skip
+        return verified_folder(folder.output, "MOSS-TTS-Nano", part_sizes(folder.files, parts),
+                               counts, config, [*folder.notes, *self.notes])  # fmt: skip
 
 
 def run_nano(

@@ -32,7 +32,7 @@ from ..serve.routes import Service
 from ..serve.schemas import SpeechRequest
 from ..serve.server import Served, open_service
 from ..serve.settings import DEFAULT_VOICE, OPENAI_VOICES, ServeSettings
-from ..serve.stepper import Delta, ServedModel, SpeechJob, TurnTaking, Watch
+from ..serve.stepper import Delta, ServedModel, SpeechJob, SpeechProfile, TurnTaking, Watch
 from .engine import (
     ContextTooShort,
     NanoEngine,
@@ -52,34 +52,16 @@ class NanoJob(SpeechJob):
     min_new_tokens: int | None = None  # frames before its stop is allowed
 
 
-@dataclass
-class NanoServeProfile:
-    """A finished request's figures, named as the metrics and the SSE usage read them."""
-
-    prompt_rows: int
-    steps: int  # frames made
-    frames: int
-    audio_s: float
-    chunks: int
-    prefill_s: float
-    generation_s: float
-    runaways: int = 0
-    prefix_rows: int = 0
-    embed_s: float = 0.0
-    backbone_s: float = 0.0
-    heads_s: float = 0.0
-    sampling_s: float = 0.0
-
-    @classmethod
-    def of(cls, p: NanoProfile, chunks: int, runaways: int, rate: int) -> NanoServeProfile:
-        return cls(p.prompt_rows, p.frames, p.frames, p.samples / rate, chunks, p.prefill_s,
-                   p.global_s + p.local_s, runaways, backbone_s=p.global_s + p.local_s)  # fmt: skip
+def served_profile(p: NanoProfile, chunks: int, runaways: int, rate: int) -> SpeechProfile:
+    return SpeechProfile(p.prompt_rows, p.frames, p.frames, p.samples / rate, chunks,
+                         p.prefill_s, p.global_s + p.local_s, runaways,
+                         backbone_s=p.global_s + p.local_s)  # fmt: skip
 
 
 @dataclass
 class NanoServeResult:
     pieces: list[np.ndarray]  # (channels, samples) float32, as streamed
-    profile: NanoServeProfile
+    profile: SpeechProfile
     chunks: list[Any]
     runaways: list[int]
     cut: list[int] = field(default_factory=list)
@@ -172,7 +154,7 @@ class NanoStepper(TurnTaking):
                            "audio; send another seed, or min_new_tokens to mask the stop",
                            param="min_new_tokens", code="no_audio")  # fmt: skip
         runaways = [c.index + 1 for c in speech.chunks if c.ended == "max"]
-        profile = NanoServeProfile.of(speech.profile, len(speech.chunks), len(runaways),
+        profile = served_profile(speech.profile, len(speech.chunks), len(runaways),
                                       engine.sample_rate)  # fmt: skip
         return NanoServeResult(pieces, profile, speech.chunks, runaways)
 

@@ -24,3 +24,15 @@ def part_sizes(files: list[tuple[str, int]], parts: list[str]) -> list[tuple[str
     """Each of PARTS with the bytes of FILES (relative path, bytes) it is or holds."""
     return [(name, sum(s for p, s in files if p == name or p.startswith(name)))
             for name in parts]  # fmt: skip
+
+
+def verified_folder(output: Path, title: str, parts: list[tuple[str, int]],
+                    counts: dict[str, int], config: Path,
+                    notes: list[str]) -> FolderSummary:  # fmt: skip
+    """A family folder `all` made and verify passed: its parts, verify's counts, and the
+    command that speaks it (CONFIG: its synth config)."""
+    return FolderSummary(
+        output, f"{output} ({title})", parts,
+        [f"verify: {counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed",
+         f"speak it: moss-gguf synth --config {config} --text 'Hello' -o hello.wav"],
+        notes)  # fmt: skip

@@ -20,7 +20,7 @@ from ..pipeline.first_class import parse_formats
 from ..pipeline.made_from import MadeFrom, file_sha256, source_identity
 from ..pipeline.route import AllRequest
 from ..pipeline.steps import AllSettings
-from ..pipeline.summary import FolderSummary, part_sizes
+from ..pipeline.summary import FolderSummary, part_sizes, verified_folder
 from ..pipeline.verify_failure import Written, removed_if_verify_fails, require_pass
 from ..progress import ProgressReporter, ensure
 from ..quantize.engines import Engine, parse_engine
@@ -55,12 +55,8 @@ class RealtimeRun:
         folder, counts = self.folder, self.report.counts
         config = folder.configs[0]
         parts = [*[g.name for g in folder.ggufs], "tokenizer.json", f"{CODEC_DIR}/"]
-        return FolderSummary(
-            folder.output, f"{folder.output} ({TITLE})", part_sizes(folder.files, parts),
-            [f"verify: {counts['pass']} passed, {counts['warn']} warnings, "
-             f"{counts['fail']} failed",
-             f"speak it: moss-gguf synth --config {config} --text 'Hello' -o hello.wav"],
-            folder.notes)  # fmt: skip
+        return verified_folder(folder.output, TITLE, part_sizes(folder.files, parts), counts,
+                               config, folder.notes)  # fmt: skip
 
 
 def convert_realtime(request: AllRequest, progress: ProgressReporter | None = None

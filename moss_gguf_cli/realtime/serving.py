@@ -29,7 +29,15 @@ from ..serve.routes import Service
 from ..serve.schemas import SpeechRequest
 from ..serve.server import Served, open_service
 from ..serve.settings import DEFAULT_VOICE, MAX_INPUT_CHARS, OPENAI_VOICES, ServeSettings
-from ..serve.stepper import WAITING, Delta, ServedModel, SpeechJob, TurnTaking, Watch
+from ..serve.stepper import (
+    WAITING,
+    Delta,
+    ServedModel,
+    SpeechJob,
+    SpeechProfile,
+    TurnTaking,
+    Watch,
+)
 from ..tts.codec import FRAME_SAMPLES, SAMPLE_RATE, AudioCodec, read_reference
 from ..tts.sampling import Sampler, SamplingParams
 from ..tts.streaming import StreamSettings, WindowDecoder, probe_receptive_field
@@ -63,28 +71,9 @@ class RealtimeRequest:
 
 
 @dataclass
-class RealtimeServeProfile:
-    """A finished request's figures, named as the metrics and the SSE usage read them."""
-
-    prompt_rows: int
-    steps: int
-    frames: int
-    audio_s: float
-    prefill_s: float
-    generation_s: float
-    chunks: int = 1
-    runaways: int = 0
-    prefix_rows: int = 0
-    embed_s: float = 0.0
-    backbone_s: float = 0.0
-    heads_s: float = 0.0
-    sampling_s: float = 0.0
-
-
-@dataclass
 class RealtimeServeResult:
     pieces: list[np.ndarray]  # float32 samples, as streamed
-    profile: RealtimeServeProfile
+    profile: SpeechProfile
     runaways: list[int]
     cut: list[int] = dataclasses.field(default_factory=list)
 
@@ -217,8 +206,8 @@ class RealtimeStepper(TurnTaking):
         out(decoder.end_segment())
         seconds = time.perf_counter() - started
         ran_away = n >= s.max_new_tokens and ending.why is None
-        profile = RealtimeServeProfile(0, n, n, n * FRAME_SAMPLES / SAMPLE_RATE, 0.0, seconds,
-                                       runaways=int(ran_away), backbone_s=seconds)  # fmt: skip
+        profile = SpeechProfile(0, n, n, n * FRAME_SAMPLES / SAMPLE_RATE, 1, 0.0, seconds,
+                                runaways=int(ran_away), backbone_s=seconds)  # fmt: skip
         return RealtimeServeResult(pieces, profile, [1] if ran_away else [])
 
 

@@ -148,6 +148,26 @@ class Stepper(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass
+class SpeechProfile:
+    """A finished request's figures, named as the metrics and the SSE usage read them (the
+    turn-taking families' results carry one; the delay family's has its own, richer)."""
+
+    prompt_rows: int
+    steps: int  # frames made
+    frames: int
+    audio_s: float
+    chunks: int
+    prefill_s: float
+    generation_s: float
+    runaways: int = 0
+    prefix_rows: int = 0
+    embed_s: float = 0.0
+    backbone_s: float = 0.0
+    heads_s: float = 0.0
+    sampling_s: float = 0.0
+
+
 WAITING = object()  # what a turn's step yields when it made nothing: it waits on its client
 
 
